@@ -1,0 +1,55 @@
+# The course's commands. Everything the project needs is installed by these targets into .venv;
+# nothing is registered globally. `make help` lists them.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# Notebooks to execute in place (override: make execute NB=notebooks/01_simplified_self_attention.ipynb)
+NB     ?= $(sort $(wildcard notebooks/*.ipynb notebooks/solutions/*.ipynb))
+# Strict nbval: outputs are compared; only the volatile text in tests/nbval_sanitize.cfg is masked.
+NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
+# Same seeds, same hashing, no stray browser or GUI backends in the kernels that tests start.
+export PYTHONHASHSEED := 0
+export MPLBACKEND     := module://matplotlib_inline.backend_inline
+
+.PHONY: help venv lab test unit nbval execute lint stamp clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+$(STAMP): requirements.txt
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python 3.10+ is needed; this is " + sys.version.split()[0])'
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.txt
+	touch $(STAMP)
+
+venv: $(STAMP)  ## create .venv with the pinned packages (done automatically by the other targets)
+
+lab: $(STAMP)  ## start JupyterLab on notebooks/ (localhost only, with its access token)
+	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=notebooks $(LAB_ARGS)
+
+test: $(STAMP)  ## unit tests + every notebook through strict nbval
+	$(BIN)/python -m pytest $(NBVAL) tests notebooks
+
+unit: $(STAMP)  ## unit tests only (fast)
+	$(BIN)/python -m pytest tests
+
+nbval: $(STAMP)  ## notebooks only, through strict nbval
+	$(BIN)/python -m pytest $(NBVAL) notebooks
+
+execute: $(STAMP)  ## re-run notebooks in place, top to bottom, in a fresh kernel (NB=... to pick)
+	$(BIN)/jupyter nbconvert --to notebook --execute --inplace \
+	  --ExecutePreprocessor.kernel_name=python3 --ExecutePreprocessor.timeout=600 $(NB)
+
+lint: $(STAMP)  ## ruff over shared/, tests/, tools/ and the notebooks
+	$(BIN)/ruff check shared tests tools notebooks
+
+stamp:  ## re-stamp every notebook's Colab badge and setup cell from pyproject.toml [tool.course]
+	$(PYTHON) -m tools.course
+
+clean:  ## remove .venv, caches and built artefacts
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis site .artifacts
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+	find . -name .ipynb_checkpoints -type d -prune -exec rm -rf {} +

@@ -1,0 +1,1 @@
+"""Maintainer tools (not part of the course's `shared/` package)."""

@@ -1,0 +1,111 @@
+"""One template for every notebook's setup cell and "Open in Colab" badge.
+
+The GitHub location lives in one place, ``[tool.course]`` in ``pyproject.toml``. A fork changes that
+line and runs ``make stamp`` (``python -m tools.course``) to re-stamp every notebook; the hygiene
+tests check that every notebook carries exactly what this module renders.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
+
+BADGE_RE = re.compile(
+    r"\[!\[Open In Colab\]\(https://colab\.research\.google\.com/assets/colab-badge\.svg\)\]"
+    r"\(https://colab\.research\.google\.com/github/[^)]*\)"
+)
+
+
+def config() -> dict[str, str]:
+    """``{"github": "owner/name", "branch": ...}`` from ``[tool.course]`` in pyproject.toml.
+
+    Parsed with a regular expression so it also runs on Python 3.10 (no ``tomllib``)."""
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    section = text.split("[tool.course]", 1)[1].split("\n[", 1)[0]
+    values = dict(re.findall(r'^(\w+)\s*=\s*"([^"]*)"', section, flags=re.M))
+    return {"github": values["github"], "branch": values["branch"]}
+
+
+def setup_cell_source() -> str:
+    """The first code cell of every notebook: makes the repo's ``shared/`` package importable."""
+    cfg = config()
+    name = cfg["github"].split("/")[1]
+    return f'''\
+# Setup (identical in every notebook): make the course's `shared/` package importable.
+# On Colab it first fetches the course; it installs nothing (Colab ships numpy, torch, matplotlib, seaborn).
+import os
+import sys
+from pathlib import Path
+
+COURSE_GIT_URL = os.environ.get("COURSE_GIT_URL", "https://github.com/{cfg["github"]}.git")
+try:
+    import google.colab  # noqa: F401  (importable only on Colab)
+
+    ROOT = Path("{name}")
+    if not (ROOT / "shared").is_dir():
+        import subprocess
+
+        subprocess.run(["git", "clone", "--quiet", "--depth", "1", "--branch", "{cfg["branch"]}", COURSE_GIT_URL, str(ROOT)], check=True)
+except ImportError:  # JupyterLab or CI: the course root is the nearest folder above holding shared/
+    ROOT = next((p for p in (Path.cwd(), *Path.cwd().parents) if (p / "shared" / "attention.py").is_file()), None)
+    if ROOT is None:
+        raise RuntimeError("Run this notebook from inside the course folder (shared/ was not found above it).") from None
+if str(ROOT.resolve()) not in sys.path:
+    sys.path.insert(0, str(ROOT.resolve()))'''
+
+
+def colab_url(notebook: Path) -> str:
+    cfg = config()
+    rel = notebook.resolve().relative_to(ROOT).as_posix()
+    return f"https://colab.research.google.com/github/{cfg['github']}/blob/{cfg['branch']}/{rel}"
+
+
+def badge_markdown(notebook: Path) -> str:
+    return (
+        "[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
+        f"({colab_url(notebook)})"
+    )
+
+
+def notebook_paths() -> list[Path]:
+    """Every course notebook, solutions included, in a stable order."""
+    return sorted(p for p in NOTEBOOKS.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
+
+
+def stamp(path: Path) -> bool:
+    """Rewrite the badge and the setup cell of one notebook; return True if it changed."""
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    cells = nb["cells"]
+    changed = False
+    first_md = next(c for c in cells if c["cell_type"] == "markdown")
+    md = "".join(first_md["source"])
+    new_md = BADGE_RE.sub(badge_markdown(path), md) if BADGE_RE.search(md) else (
+        badge_markdown(path) + "\n\n" + md
+    )
+    if new_md != md:
+        first_md["source"] = new_md.splitlines(keepends=True)
+        changed = True
+    first_code = next(c for c in cells if c["cell_type"] == "code")
+    if "".join(first_code["source"]) != setup_cell_source():
+        first_code["source"] = setup_cell_source().splitlines(keepends=True)
+        changed = True
+    if changed:
+        path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return changed
+
+
+def main(argv: list[str]) -> int:
+    paths = [Path(a) for a in argv] or notebook_paths()
+    for p in paths:
+        if stamp(p):
+            print(f"stamped {p.resolve().relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

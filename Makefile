@@ -27,8 +27,11 @@ $(STAMP): requirements.txt
 
 venv: $(STAMP)  ## create .venv with the pinned packages (done automatically by the other targets)
 
+# Jupyter refuses to run as root unless told; containers and CI often are root.
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
+
 lab: $(STAMP)  ## start JupyterLab on notebooks/ (localhost only, with its access token)
-	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=notebooks $(LAB_ARGS)
+	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=notebooks $(ALLOW_ROOT) $(LAB_ARGS)
 
 test: $(STAMP)  ## unit tests + every notebook through strict nbval
 	$(BIN)/python -m pytest $(NBVAL) tests notebooks

@@ -15,6 +15,8 @@ a message that names what was expected and what arrived.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 __all__ = [
@@ -132,7 +134,7 @@ def scaled_dot_product_attention(Q, K, V, mask=None, causal: bool = False):
         )
     batch = _batch_shape(Q=Q, K=K, V=V)
     T_q, d_k, T_k = Q.shape[-2], Q.shape[-1], K.shape[-2]
-    scores = Q @ np.swapaxes(K, -1, -2) / np.sqrt(d_k)  # (..., T_q, T_k)
+    scores = Q @ np.swapaxes(K, -1, -2) / math.sqrt(d_k)  # (..., T_q, T_k); a Python float keeps float32
     scores = np.broadcast_to(scores, batch + (T_q, T_k))
 
     allowed = None

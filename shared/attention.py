@@ -36,7 +36,9 @@ def _as_real_array(name: str, x, min_ndim: int = 0, allow_neg_inf: bool = False)
     try:
         arr = np.asarray(x)
     except (ValueError, TypeError) as err:  # ragged nested lists and the like
-        raise TypeError(f"{name} must be a real numeric array; could not convert it: {err}") from None
+        raise TypeError(
+            f"{name} must be a real numeric array; could not convert it: {err}"
+        ) from None
     if arr.dtype == np.bool_ or not (
         np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)
     ):
@@ -91,9 +93,11 @@ def softmax(x, axis: int = -1) -> np.ndarray:
     """
     x = _as_real_array("softmax input x", x, min_ndim=1, allow_neg_inf=True)
     if not -x.ndim <= axis < x.ndim:
-        raise ValueError(f"axis must be in [{-x.ndim}, {x.ndim - 1}] for x of shape {x.shape}; got {axis}")
+        raise ValueError(
+            f"axis must be in [{-x.ndim}, {x.ndim - 1}] for x of shape {x.shape}; got {axis}"
+        )
     m = np.max(x, axis=axis, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0.0)  # an all -inf slice: shift by 0, exp gives zeros
+    m = np.where(np.isfinite(m), m, 0.0)  # all -inf slice: shift by 0, exp gives 0
     e = np.exp(x - m)
     s = np.sum(e, axis=axis, keepdims=True)
     return np.divide(e, s, out=np.zeros_like(e), where=s > 0)
@@ -114,7 +118,7 @@ def scaled_dot_product_attention(Q, K, V, mask=None, causal: bool = False):
         dimensions broadcast. T_q may differ from T_k (cross-attention).
         mask: boolean, broadcastable to ``(..., T_q, T_k)``; True = may attend.
         causal: if True, query ``i`` may also only attend to keys ``j <= i`` (combined with
-        ``mask`` by AND), aligned top-left as in ``torch.nn.functional.scaled_dot_product_attention``.
+        ``mask`` by AND), aligned top-left as in PyTorch's ``F.scaled_dot_product_attention``.
 
     Returns:
         ``(output, weights)`` with output ``(..., T_q, d_v)`` and weights ``(..., T_q, T_k)``.
@@ -134,7 +138,8 @@ def scaled_dot_product_attention(Q, K, V, mask=None, causal: bool = False):
         )
     batch = _batch_shape(Q=Q, K=K, V=V)
     T_q, d_k, T_k = Q.shape[-2], Q.shape[-1], K.shape[-2]
-    scores = Q @ np.swapaxes(K, -1, -2) / math.sqrt(d_k)  # (..., T_q, T_k); a Python float keeps float32
+    # (..., T_q, T_k); dividing by a Python float keeps float32 inputs in float32
+    scores = Q @ np.swapaxes(K, -1, -2) / math.sqrt(d_k)
     scores = np.broadcast_to(scores, batch + (T_q, T_k))
 
     allowed = None

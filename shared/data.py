@@ -91,7 +91,7 @@ def walkthrough_parameters() -> dict:
     W_K = [matrix(d_model, head_dim) for _ in heads]
     W_V = [matrix(d_model, head_dim) for _ in heads]
     X = [
-        [t + p for t, p in zip(token_embedding[tok], position_embedding[pos])]
+        [t + p for t, p in zip(token_embedding[tok], position_embedding[pos], strict=True)]
         for pos, tok in enumerate(cfg["input_ids"])
     ]
     return {

@@ -77,7 +77,8 @@ def plot_attention(
     w = _to_numpy("weights", weights)
     if w.ndim != 2:
         raise ValueError(
-            f"weights must be 2-D (T_q, T_k); got shape {w.shape} (use plot_heads for several heads)"
+            f"weights must be 2-D (T_q, T_k); got shape {w.shape} "
+            "(use plot_heads for several heads)"
         )
     T_q, T_k = w.shape
     q_labels = _check_tokens("query_tokens", query_tokens, T_q, "rows (queries)")
@@ -110,7 +111,7 @@ def plot_attention(
         yticklabels=q_labels,
     )
     if allowed is not None and not allowed.all():
-        for i, j in zip(*np.nonzero(~allowed)):
+        for i, j in zip(*np.nonzero(~allowed), strict=True):
             ax.add_patch(
                 plt.Rectangle((j, i), 1, 1, fill=False, hatch="///", edgecolor="#9a9a9a", lw=0)
             )

@@ -116,7 +116,9 @@ def _check_x(name: str, x, d_in: int, context_length: int | None = None,
             f"({x.ndim}-D){hint}"
         )
     if x.ndim < 2:
-        raise ValueError(f"{name} must be (T, d_in) or (B, T, d_in) with d_in = {d_in}; got shape {shape}")
+        raise ValueError(
+            f"{name} must be (T, d_in) or (B, T, d_in) with d_in = {d_in}; got shape {shape}"
+        )
     if x.shape[-1] != d_in:
         raise ValueError(
             f"{name}'s last dimension must be d_in = {d_in}; got shape {shape} "
@@ -138,7 +140,7 @@ def _causal_buffer(context_length: int) -> torch.Tensor:
 # Single-head self-attention: v1 (raw parameters) and v2 (nn.Linear)
 # --------------------------------------------------------------------------------------------
 class SelfAttentionV1(nn.Module):
-    """Self-attention with raw weight matrices ``W_query``, ``W_key``, ``W_value`` ``(d_in, d_out)``.
+    """Self-attention with raw ``(d_in, d_out)`` matrices ``W_query``, ``W_key``, ``W_value``.
 
     Initialised uniformly in [0, 1) (``torch.rand``) like the textbook version; seed with
     ``torch.manual_seed`` for reproducible weights.
@@ -330,7 +332,8 @@ class MultiHeadAttention(nn.Module):
         weights = attention_weights(Q, K, mask=mask)  # (B, H, T_q, T_k)
         weights = self.dropout(weights)
         context = weights @ V  # (B, H, T_q, head_dim)
-        context = context.transpose(1, 2).contiguous().view(B, T_q, self.d_out)  # heads side by side
+        # (B, H, T_q, head_dim) -> (B, T_q, H, head_dim) -> (B, T_q, d_out): heads side by side
+        context = context.transpose(1, 2).contiguous().view(B, T_q, self.d_out)
         out = self.out_proj(context)  # (B, T_q, d_out)
         return (out, weights) if return_weights else out
 
@@ -357,7 +360,9 @@ class MultiHeadAttention(nn.Module):
                 f"num_heads = {self.num_heads}"
             )
         if not mha._qkv_same_embed_dim or mha.bias_k is not None:
-            raise ValueError("only nn.MultiheadAttention without kdim/vdim/add_bias_kv is supported")
+            raise ValueError(
+                "only nn.MultiheadAttention without kdim/vdim/add_bias_kv is supported"
+            )
 
     @torch.no_grad()
     def load_from_torch(self, mha: nn.MultiheadAttention) -> MultiHeadAttention:
@@ -379,6 +384,7 @@ class MultiHeadAttention(nn.Module):
             (self.W_query, self.W_key, self.W_value),
             (W_q, W_k, W_v),
             mha.in_proj_bias.chunk(3) if has_bias else (None,) * 3,
+            strict=True,
         ):
             lin.weight.copy_(W)
             if lin.bias is not None:

@@ -1,0 +1,28 @@
+"""shared.checks.check: prints the rounded difference, passes equal inputs, fails different ones."""
+
+import numpy as np
+import pytest
+import torch
+
+from shared.checks import check
+
+
+def test_equal_inputs_pass_and_print(capsys):
+    assert check("same", [[1.0, 2.0]], np.array([[1.0, 2.0]])) is None
+    assert capsys.readouterr().out == "same: max abs diff = 0.0000 (< 1e-12: True)\n"
+
+
+def test_tensor_vs_array_within_tolerance(capsys):
+    check("t", torch.tensor([1.0, 2.5]), np.array([1.0, 2.5000001]), tol=1e-6)
+    assert "max abs diff = 0.0000 (< 1e-06: True)" in capsys.readouterr().out
+
+
+def test_difference_above_tolerance_fails_loudly(capsys):
+    with pytest.raises(AssertionError, match="difference 0.5 is not below 0.001"):
+        check("off", [1.0, 2.0], [1.0, 2.5], tol=1e-3)
+    assert "max abs diff = 0.5000 (< 0.001: False)" in capsys.readouterr().out
+
+
+def test_shape_mismatch_is_a_value_error():
+    with pytest.raises(ValueError, match=r"shapes differ, got \(2,\) and expected \(1, 2\)"):
+        check("shape", [1.0, 2.0], [[1.0, 2.0]])

@@ -1,0 +1,129 @@
+"""shared.plotting draws what it promises: labels in order, masked cells distinct, one axes per head."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from matplotlib.patches import Rectangle  # noqa: E402
+
+from shared.plotting import plot_attention, plot_heads  # noqa: E402
+
+TOKENS = ["Your", "journey", "starts", "with"]
+
+
+@pytest.fixture(autouse=True)
+def close_figures():
+    yield
+    plt.close("all")
+
+
+def weights_4x4() -> np.ndarray:
+    w = np.tril(np.arange(1, 17, dtype=float).reshape(4, 4))
+    return w / w.sum(axis=1, keepdims=True)
+
+
+def labels(ticklabels) -> list[str]:
+    return [t.get_text() for t in ticklabels]
+
+
+def hatched(ax) -> list[Rectangle]:
+    return [p for p in ax.patches if isinstance(p, Rectangle) and p.get_hatch()]
+
+
+def cell_texts(ax) -> dict[tuple[int, int], str]:
+    """Annotations by (row, col): seaborn writes each number at the centre of its cell."""
+    return {(int(t.get_position()[1]), int(t.get_position()[0])): t.get_text() for t in ax.texts}
+
+
+def test_token_labels_on_both_axes_in_order():
+    ax = plot_attention(weights_4x4(), TOKENS)
+    assert labels(ax.get_xticklabels()) == TOKENS  # keys across
+    assert labels(ax.get_yticklabels()) == TOKENS  # queries down
+    assert "key" in ax.get_xlabel() and "quer" in ax.get_ylabel()
+
+
+def test_rectangular_weights_use_separate_query_and_key_labels():
+    w = np.full((2, 3), 1 / 3)
+    ax = plot_attention(w, ["a", "b"], ["x", "y", "z"], title="cross")
+    assert labels(ax.get_yticklabels()) == ["a", "b"]
+    assert labels(ax.get_xticklabels()) == ["x", "y", "z"]
+    assert ax.get_title() == "cross"
+
+
+def test_cells_hold_their_own_weight():
+    w = weights_4x4()
+    texts = cell_texts(plot_attention(w, TOKENS))
+    assert texts[(3, 0)] == f"{w[3, 0]:.2f}" and texts[(1, 1)] == f"{w[1, 1]:.2f}"
+    assert texts[(2, 1)] == f"{w[2, 1]:.2f}"  # row = query 2, column = key 1 (not transposed)
+
+
+def test_masked_cells_are_hatched_and_not_drawn():
+    w = weights_4x4()
+    mask = np.tril(np.ones((4, 4), dtype=bool))
+    ax = plot_attention(w, TOKENS, mask=mask)
+    rects = hatched(ax)
+    assert len(rects) == int((~mask).sum()) == 6
+    assert {(int(r.get_y()), int(r.get_x())) for r in rects} == set(zip(*np.nonzero(~mask), strict=True))
+    texts = cell_texts(ax)
+    assert len(texts) == int(mask.sum())  # no number in a masked cell
+    assert all(mask[i, j] for i, j in texts)
+    values = ax.collections[0].get_array()
+    assert np.ma.getmaskarray(values).reshape(4, 4).tolist() == (~mask).tolist()
+
+
+def test_no_mask_means_no_hatching():
+    assert hatched(plot_attention(weights_4x4(), TOKENS)) == []
+
+
+def test_accepts_torch_tensors():
+    w = torch.tensor(weights_4x4(), requires_grad=True)
+    mask = torch.ones(4, 4, dtype=torch.bool).tril()
+    ax = plot_attention(w, TOKENS, mask=mask)
+    assert len(hatched(ax)) == 6
+
+
+@pytest.mark.parametrize("H, ncols, grid", [(1, 4, 1), (2, 4, 2), (5, 4, 8), (6, 3, 6)])
+def test_plot_heads_one_axes_per_head(H, ncols, grid):
+    w = np.broadcast_to(weights_4x4(), (H, 4, 4))
+    fig = plot_heads(w, TOKENS, ncols=ncols)
+    assert len(fig.axes) == grid
+    visible = [ax for ax in fig.axes if ax.axison]
+    assert len(visible) == H
+    assert [ax.get_title() for ax in visible] == [f"head {h}" for h in range(H)]
+    assert all(labels(ax.get_xticklabels()) == TOKENS for ax in visible)
+
+
+def test_plot_heads_passes_each_head_its_own_mask_and_title():
+    w = np.stack([weights_4x4(), np.full((4, 4), 0.25)])
+    mask = np.ones((2, 4, 4), dtype=bool)
+    mask[1] = np.tril(mask[1])
+    fig = plot_heads(w, TOKENS, mask=mask, titles=["full", "causal"])
+    a, b = fig.axes
+    assert (a.get_title(), b.get_title()) == ("full", "causal")
+    assert len(hatched(a)) == 0 and len(hatched(b)) == 6
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (lambda: plot_attention(np.zeros((2, 3, 3))), ValueError, r"2-D \(T_q, T_k\); got shape \(2, 3, 3\).*plot_heads"),
+        (lambda: plot_attention(np.zeros(3)), ValueError, r"got shape \(3,\)"),
+        (lambda: plot_attention(np.zeros((3, 3)), ["a", "b"]), ValueError, "query_tokens has 2 labels but the weights have 3"),
+        (lambda: plot_attention(np.zeros((2, 3)), ["a", "b"], ["x"]), ValueError, "key_tokens has 1 labels but the weights have 3"),
+        (lambda: plot_attention(np.zeros((3, 3)), mask=np.ones((3, 3))), TypeError, "mask must be boolean"),
+        (lambda: plot_attention(np.zeros((3, 3)), mask=np.ones((2, 3), dtype=bool)), ValueError, r"mask of shape \(2, 3\) does not broadcast"),
+        (lambda: plot_attention(np.array([["a"]])), TypeError, "numeric"),
+        (lambda: plot_heads(np.zeros((3, 3))), ValueError, r"3-D \(num_heads, T_q, T_k\); got shape \(3, 3\)"),
+        (lambda: plot_heads(np.zeros((1, 2, 3, 3))), ValueError, r"drop the batch dimension"),
+        (lambda: plot_heads(np.zeros((2, 3, 3)), titles=["one"]), ValueError, "titles has 1 entries but there are 2 heads"),
+    ],
+)
+def test_bad_input_raises_a_clear_message(call, error, match):
+    with pytest.raises(error, match=match):
+        call()

@@ -1,0 +1,124 @@
+"""Tiled attention with an online softmax (the idea behind FlashAttention), in plain PyTorch.
+
+Naive attention materialises the whole ``(..., T_q, T_k)`` score matrix. Here the queries are cut
+into blocks of ``block_size`` rows and, for each query block, the keys and values are visited in
+blocks of ``block_size`` columns. Per query row three running quantities are kept:
+
+* ``m``: the largest score seen so far,
+* ``l``: the sum of ``exp(score - m)`` over the keys seen so far,
+* ``acc``: the sum of ``exp(score - m) * v`` over the keys seen so far.
+
+When a new key block raises the maximum from ``m_old`` to ``m_new``, the old ``l`` and ``acc`` are
+rescaled by ``exp(m_old - m_new)``; after the last block the output is ``acc / l``. Only one
+``(block_size, block_size)`` score tile per batch entry exists at a time, so the extra memory grows
+with ``T * block_size`` instead of ``T * T``. With ``causal=True`` key blocks entirely above the
+diagonal are skipped and only the blocks the diagonal crosses are masked.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["tiled_attention", "DEFAULT_BLOCK_SIZE"]
+
+DEFAULT_BLOCK_SIZE = 256
+
+
+def _check_inputs(Q, K, V, causal, block_size) -> None:
+    for name, x in (("Q", Q), ("K", K), ("V", V)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor (..., T, d); got {type(x).__name__}")
+        if not x.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor; got dtype {x.dtype}")
+        if x.ndim < 2:
+            raise ValueError(
+                f"{name} must have at least 2 dimensions (..., T, d); got shape {tuple(x.shape)}"
+            )
+    if not (Q.dtype == K.dtype == V.dtype):
+        raise TypeError(f"Q, K and V must share one dtype; got {Q.dtype}, {K.dtype} and {V.dtype}")
+    if not (Q.device == K.device == V.device):
+        raise ValueError(
+            f"Q, K and V must be on one device; got {Q.device}, {K.device} and {V.device}"
+        )
+    if Q.shape[-1] != K.shape[-1]:
+        raise ValueError(
+            "Q and K must share their last dimension d_k; "
+            f"got Q {tuple(Q.shape)} and K {tuple(K.shape)}"
+        )
+    if K.shape[-2] != V.shape[-2]:
+        raise ValueError(
+            "K and V must have the same number of tokens T_k (second-to-last dimension); "
+            f"got K {tuple(K.shape)} and V {tuple(V.shape)}"
+        )
+    if Q.shape[-2] == 0 or K.shape[-2] == 0 or Q.shape[-1] == 0:
+        raise ValueError(
+            f"T_q, T_k and d_k must be at least 1; got Q {tuple(Q.shape)} and K {tuple(K.shape)}"
+        )
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be a positive integer; got {block_size!r}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
+
+
+def tiled_attention(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, causal: bool = False,
+                    block_size: int = DEFAULT_BLOCK_SIZE) -> torch.Tensor:
+    """``softmax(Q K^T / sqrt(d_k)) V`` computed block by block with an online softmax.
+
+    Shapes:
+        Q ``(..., T_q, d_k)``, K ``(..., T_k, d_k)``, V ``(..., T_k, d_v)``; the leading (batch)
+        dimensions broadcast. ``T_q`` may differ from ``T_k``; ``block_size`` need not divide
+        either. ``causal=True`` lets query ``i`` attend to keys ``j <= i`` (aligned top-left,
+        like ``F.scaled_dot_product_attention(is_causal=True)``).
+
+    Returns:
+        The output ``(..., T_q, d_v)`` in the inputs' dtype (the weights are never formed).
+
+    Raises:
+        TypeError for non-tensors, non-float or mixed dtypes; ValueError for mismatched shapes,
+        empty sequences or a non-positive ``block_size``.
+    """
+    _check_inputs(Q, K, V, causal, block_size)
+    try:
+        batch = torch.broadcast_shapes(Q.shape[:-2], K.shape[:-2], V.shape[:-2])
+    except RuntimeError:
+        raise ValueError(
+            "the leading (batch) dimensions must broadcast; "
+            f"got Q {tuple(Q.shape)}, K {tuple(K.shape)} and V {tuple(V.shape)}"
+        ) from None
+    T_q, d_k = Q.shape[-2:]
+    T_k, d_v = V.shape[-2:]
+    # Flatten the batch dimensions into one so every step is a single batched matmul (bmm).
+    q = Q.expand(*batch, T_q, d_k).reshape(-1, T_q, d_k)
+    k = K.expand(*batch, T_k, d_k).reshape(-1, T_k, d_k)
+    v = V.expand(*batch, T_k, d_v).reshape(-1, T_k, d_v)
+    N = q.shape[0]
+    scale = 1.0 / math.sqrt(d_k)
+    kT = k.transpose(1, 2)  # (N, d_k, T_k), a view: bmm reads it without a copy
+    out = torch.empty(N, T_q, d_v, dtype=Q.dtype, device=Q.device)
+    neg_inf = float("-inf")
+
+    for q0 in range(0, T_q, block_size):
+        q1 = min(q0 + block_size, T_q)
+        q_blk = q[:, q0:q1] * scale  # scale the small query block, not the big score tile
+        m = torch.full((N, q1 - q0, 1), neg_inf, dtype=Q.dtype, device=Q.device)  # running max
+        l = torch.zeros((N, q1 - q0, 1), dtype=Q.dtype, device=Q.device)  # running sum
+        acc = torch.zeros((N, q1 - q0, d_v), dtype=Q.dtype, device=Q.device)  # running numerator
+        # Causal: keys k0 > q1 - 1 are masked for every query of this block -> skip them.
+        k_end = min(T_k, q1) if causal else T_k
+        for k0 in range(0, k_end, block_size):
+            k1 = min(k0 + block_size, k_end)
+            s = torch.bmm(q_blk, kT[:, :, k0:k1])  # (N, bq, bk) scores of this tile
+            if causal and k1 - 1 > q0:  # the diagonal crosses this tile: mask keys above it
+                above = torch.ones(q1 - q0, k1 - k0, dtype=torch.bool, device=Q.device)
+                s.masked_fill_(above.triu_(diagonal=q0 - k0 + 1), neg_inf)
+            m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+            alpha = torch.exp(m - m_new)  # exp(m_old - m_new): rescales what was summed so far
+            s.sub_(m_new).exp_()  # p = exp(s - m_new), in place
+            l.mul_(alpha).add_(s.sum(dim=-1, keepdim=True))
+            acc.mul_(alpha).baddbmm_(s, v[:, k0:k1])  # acc = alpha * acc + p @ V_blk
+            m = m_new
+            del s  # free this tile before the next one is allocated: one tile alive at a time
+        torch.div(acc, l, out=out[:, q0:q1])  # normalise once, at the end
+    return out.reshape(*batch, T_q, d_v)

@@ -1,0 +1,821 @@
+"""Every checker in shared.exercises: accepts a reference solution, says "not attempted yet" for the
+shipped stub, and rejects typical wrong answers with the right hint (checked on the printed line and
+on the return value). The reference solutions here are written independently of the checkers."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from shared import exercises as ex
+
+
+def run(capsys, checker, *answer):
+    result = checker(*answer)
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1, f"expected exactly one line, got: {out!r}"
+    return result, out
+
+
+# ---------------------------------------------------------------------------------------------
+# Stubs, exactly as shipped in the course notebooks (they must not raise)
+# ---------------------------------------------------------------------------------------------
+def stub1(*args, **kwargs):
+    # TODO: your code here
+    return None
+
+
+def stub_raises(*args, **kwargs):
+    raise NotImplementedError
+
+
+def transfer_stub(sa_v1, sa_v2):
+    # TODO: copy sa_v2's weights into sa_v1
+    pass
+
+
+def patterns_stub(T):
+    return {"uniform": None, "peaked": None, "local": None}
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference solutions and typical wrong answers
+# ---------------------------------------------------------------------------------------------
+def np_softmax(x, axis=-1):
+    z = x - x.max(axis=axis, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+# 01 ------------------------------------------------------------------------------------------
+def weights_ok(X, i):
+    return np_softmax(X @ X[i])
+
+
+def weights_raw(X, i):
+    return X @ X[i]
+
+
+def weights_divsum(X, i):
+    s = X @ X[i]
+    return s / s.sum()
+
+
+def weights_next_query(X, i):
+    return np_softmax(X @ X[(i + 1) % len(X)])
+
+
+def weights_2d(X, i):
+    return np_softmax(X @ X[i])[None, :]
+
+
+def softmax_ok(x):
+    z = x - x.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def softmax_naive(x):
+    e = np.exp(x)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def softmax_axis0(x):
+    z = x - x.max(axis=0, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=0, keepdims=True)
+
+
+def softmax_global_max(x):
+    e = np.exp(x - x.max())
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def softmax_no_norm(x):
+    return np.exp(x - x.max(axis=-1, keepdims=True))
+
+
+def softmax_in_place(x):
+    x -= x.max(axis=-1, keepdims=True)
+    e = np.exp(x)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def softmax_crashes(x):
+    return np.exp(x) / undefined_name  # noqa: F821
+
+
+def context_ok(X):
+    return np_softmax(X @ np.swapaxes(X, -1, -2)) @ X
+
+
+def context_dot_T(X):  # right for one sequence, wrong for a batch
+    return np_softmax(X @ X.T) @ X
+
+
+def context_raw(X):
+    return (X @ X.T) @ X
+
+
+def context_axis0(X):
+    return np_softmax(X @ X.T, axis=0) @ X
+
+
+def context_weights_only(X):
+    return np_softmax(X @ X.T)
+
+
+def context_scaled(X):
+    return np_softmax(X @ X.T / np.sqrt(X.shape[1])) @ X
+
+
+def fixed_loop(X):
+    context = np.zeros_like(X)
+    for i in range(X.shape[0]):
+        scores = X @ X[i]
+        weights = np_softmax(scores)
+        context[i] = weights @ X
+    return context
+
+
+def buggy_loop(X):
+    context = np.zeros_like(X)
+    for i in range(X.shape[0]):
+        scores = X @ X[i]
+        weights = np_softmax(scores)  # noqa: F841 - the bug: computed, then not used
+        context[i] = scores @ X
+    return context
+
+
+# 02 ------------------------------------------------------------------------------------------
+def transfer_ok(sa_v1, sa_v2):
+    with torch.no_grad():
+        sa_v1.W_query.copy_(sa_v2.W_query.weight.T)
+        sa_v1.W_key.copy_(sa_v2.W_key.weight.T)
+        sa_v1.W_value.copy_(sa_v2.W_value.weight.T)
+
+
+def transfer_new_parameters(sa_v1, sa_v2):
+    sa_v1.W_query = torch.nn.Parameter(sa_v2.W_query.weight.T.detach().clone())
+    sa_v1.W_key = torch.nn.Parameter(sa_v2.W_key.weight.T.detach().clone())
+    sa_v1.W_value = torch.nn.Parameter(sa_v2.W_value.weight.T.detach().clone())
+
+
+def transfer_no_transpose(sa_v1, sa_v2):
+    with torch.no_grad():
+        sa_v1.W_query.copy_(sa_v2.W_query.weight)
+        sa_v1.W_key.copy_(sa_v2.W_key.weight)
+        sa_v1.W_value.copy_(sa_v2.W_value.weight)
+
+
+def transfer_swapped(sa_v1, sa_v2):
+    with torch.no_grad():
+        sa_v1.W_query.copy_(sa_v2.W_key.weight.T)
+        sa_v1.W_key.copy_(sa_v2.W_query.weight.T)
+        sa_v1.W_value.copy_(sa_v2.W_value.weight.T)
+
+
+def transfer_wrong_direction(sa_v1, sa_v2):
+    with torch.no_grad():
+        sa_v2.W_query.weight.copy_(sa_v1.W_query.T)
+        sa_v2.W_key.weight.copy_(sa_v1.W_key.T)
+        sa_v2.W_value.weight.copy_(sa_v1.W_value.T)
+
+
+def entropy_ok(Q, K, scaled=True):
+    scores = Q @ K.T
+    if scaled:
+        scores = scores / math.sqrt(K.shape[-1])
+    w = torch.softmax(scores, dim=-1)
+    return float(-torch.special.xlogy(w, w).sum(dim=-1).mean())
+
+
+def entropy_unscaled(Q, K, scaled=True):
+    return entropy_ok(Q, K, scaled=False)
+
+
+def entropy_log2(Q, K, scaled=True):
+    return entropy_ok(Q, K, scaled) / math.log(2)
+
+
+def entropy_nan(Q, K, scaled=True):
+    scores = Q @ K.T / (math.sqrt(K.shape[-1]) if scaled else 1.0)
+    w = torch.softmax(scores, dim=-1)
+    return float(-(w * w.log()).sum(dim=-1).mean())
+
+
+def entropy_per_row(Q, K, scaled=True):
+    w = torch.softmax(Q @ K.T / math.sqrt(K.shape[-1]), dim=-1)
+    return -torch.special.xlogy(w, w).sum(dim=-1)
+
+
+def equivariant_ok(attention_fn, X, perm):
+    return bool(np.allclose(attention_fn(X[perm]), attention_fn(X)[perm]))
+
+
+def equivariant_unpermuted(attention_fn, X, perm):
+    return bool(np.allclose(attention_fn(X[perm]), attention_fn(X)))
+
+
+def equivariant_inverse(attention_fn, X, perm):
+    return bool(np.allclose(attention_fn(X[perm])[perm], attention_fn(X)))
+
+
+def equivariant_exact(attention_fn, X, perm):
+    return bool(np.array_equal(attention_fn(X[perm]), attention_fn(X)[perm]))
+
+
+def equivariant_always(attention_fn, X, perm):
+    return True
+
+
+def equivariant_array(attention_fn, X, perm):
+    return np.isclose(attention_fn(X[perm]), attention_fn(X)[perm])
+
+
+# 03 ------------------------------------------------------------------------------------------
+def mask_ok(T):
+    return np.tril(np.ones((T, T), dtype=bool))
+
+
+def mask_upper(T):
+    return np.triu(np.ones((T, T), dtype=bool))
+
+
+def mask_inverted(T):
+    return np.triu(np.ones((T, T), dtype=bool), k=1)
+
+
+def mask_no_diagonal(T):
+    return np.tril(np.ones((T, T), dtype=bool), k=-1)
+
+
+def mask_float(T):
+    return np.tril(np.ones((T, T)))
+
+
+def mask_torch(T):
+    return torch.ones(T, T, dtype=torch.bool).tril()
+
+
+def dropout_ok(weights, p, rng):
+    keep = rng.random(weights.shape) >= p
+    return np.where(keep, weights / (1 - p), 0.0)
+
+
+def dropout_no_rescale(weights, p, rng):
+    keep = rng.random(weights.shape) >= p
+    return np.where(keep, weights, 0.0)
+
+
+def dropout_inverted(weights, p, rng):
+    keep = rng.random(weights.shape) < p
+    return np.where(keep, weights / (1 - p), 0.0)
+
+
+def dropout_divide_p(weights, p, rng):
+    keep = rng.random(weights.shape) >= p
+    return np.where(keep, weights / p, 0.0) if p > 0 else weights.copy()
+
+
+def dropout_renormalised(weights, p, rng):
+    keep = rng.random(weights.shape) >= p
+    w = np.where(keep, weights, 0.0)
+    return w / w.sum(axis=-1, keepdims=True)
+
+
+def dropout_global_rng(weights, p, rng):
+    keep = np.random.random(weights.shape) >= p  # noqa: NPY002 - the mistake under test
+    return np.where(keep, weights / (1 - p), 0.0)
+
+
+def causal_ok(Q, K, V):
+    T, d_k = Q.shape
+    scores = Q @ K.T / np.sqrt(d_k)
+    future = np.triu(np.ones((T, T), dtype=bool), k=1)
+    return np_softmax(np.where(future, -np.inf, scores)) @ V
+
+
+def causal_leaky(Q, K, V):  # the buggy code shipped in notebook 03
+    T, d_k = Q.shape
+    scores = Q @ K.T / np.sqrt(d_k)
+    future = np.tril(np.ones((T, T), dtype=bool), k=-1)
+    return np_softmax(np.where(future, -np.inf, scores)) @ V
+
+
+def causal_after_softmax(Q, K, V):
+    T, d_k = Q.shape
+    w = np_softmax(Q @ K.T / np.sqrt(d_k)) * np.tril(np.ones((T, T)))
+    return w @ V
+
+
+def causal_no_mask(Q, K, V):
+    return np_softmax(Q @ K.T / np.sqrt(Q.shape[1])) @ V
+
+
+def causal_unscaled(Q, K, V):
+    T = Q.shape[0]
+    scores = np.where(np.tril(np.ones((T, T), dtype=bool)), Q @ K.T, -np.inf)
+    return np_softmax(scores) @ V
+
+
+# 04 ------------------------------------------------------------------------------------------
+def cross_ok(X_q, X_kv, W_q, W_k, W_v):
+    Q, K, V = X_q @ W_q, X_kv @ W_k, X_kv @ W_v
+    return torch.softmax(Q @ K.T / math.sqrt(K.shape[-1]), dim=-1) @ V
+
+
+def cross_unscaled(X_q, X_kv, W_q, W_k, W_v):
+    Q, K, V = X_q @ W_q, X_kv @ W_k, X_kv @ W_v
+    return torch.softmax(Q @ K.T, dim=-1) @ V
+
+
+def cross_queries_from_kv(X_q, X_kv, W_q, W_k, W_v):
+    return cross_ok(X_kv, X_kv, W_q, W_k, W_v)
+
+
+def cross_values_from_q(X_q, X_kv, W_q, W_k, W_v):
+    Q, K, V = X_q @ W_q, X_kv @ W_k, X_q @ W_v
+    return torch.softmax(Q @ K.T / math.sqrt(K.shape[-1]), dim=-1) @ V
+
+
+def cross_causal(X_q, X_kv, W_q, W_k, W_v):
+    Q, K, V = X_q @ W_q, X_kv @ W_k, X_kv @ W_v
+    s = Q @ K.T / math.sqrt(K.shape[-1])
+    s = s.masked_fill(~torch.ones_like(s, dtype=torch.bool).tril(), float("-inf"))
+    return torch.softmax(s, dim=-1) @ V
+
+
+def split_ok(x, num_heads):
+    B, T, d = x.shape
+    return x.view(B, T, num_heads, d // num_heads).transpose(1, 2)
+
+
+def merge_ok(y):
+    B, H, T, hd = y.shape
+    return y.transpose(1, 2).reshape(B, T, H * hd)
+
+
+def split_direct(x, num_heads):
+    B, T, d = x.shape
+    return x.reshape(B, num_heads, T, d // num_heads)
+
+
+def merge_no_transpose(y):
+    B, H, T, hd = y.shape
+    return y.reshape(B, T, H * hd)
+
+
+def merge_view(y):
+    B, H, T, hd = y.shape
+    return y.transpose(1, 2).view(B, T, H * hd)
+
+
+def count_ok(d_model, num_heads, bias=True):
+    return 4 * d_model * d_model + (4 * d_model if bias else 0)
+
+
+def count_no_bias(d_model, num_heads, bias=True):
+    return 4 * d_model * d_model
+
+
+def count_no_out_proj(d_model, num_heads, bias=True):
+    return 3 * d_model * d_model + (3 * d_model if bias else 0)
+
+
+def count_times_heads(d_model, num_heads, bias=True):
+    return num_heads * count_ok(d_model, num_heads, bias)
+
+
+def row_entropy_ok(weights):
+    return -torch.special.xlogy(weights, weights).sum(dim=-1)
+
+
+def row_entropy_nan(weights):
+    return -(weights * weights.log()).sum(dim=-1)
+
+
+def row_entropy_no_minus(weights):
+    return torch.special.xlogy(weights, weights).sum(dim=-1)
+
+
+def row_entropy_log2(weights):
+    return -(torch.special.xlogy(weights, weights) / math.log(2)).sum(dim=-1)
+
+
+def row_entropy_mean(weights):
+    return -torch.special.xlogy(weights, weights).sum(dim=-1).mean()
+
+
+def patterns_ok(T):
+    uniform = torch.full((T, T), 1.0 / T)
+    peaked = torch.eye(T)
+    i = torch.arange(T)
+    band = ((i[:, None] - i[None, :]).abs() <= 1).float()
+    return {"uniform": uniform, "peaked": peaked, "local": band / band.sum(dim=-1, keepdim=True)}
+
+
+def patterns_soft_peak(T):
+    p = patterns_ok(T)
+    p["peaked"] = torch.softmax(torch.eye(T) * 3.0, dim=-1)  # largest weight ~0.8
+    return p
+
+
+def patterns_local_unnormalised(T):
+    p = patterns_ok(T)
+    i = torch.arange(T)
+    p["local"] = ((i[:, None] - i[None, :]).abs() <= 1).float() / 3
+    return p
+
+
+def patterns_local_wide(T):
+    p = patterns_ok(T)
+    i = torch.arange(T)
+    band = ((i[:, None] - i[None, :]).abs() <= 2).float()
+    p["local"] = band / band.sum(dim=-1, keepdim=True)
+    return p
+
+
+# 05 ------------------------------------------------------------------------------------------
+def time_ok(f, sync, clock=time.perf_counter, warmup=3, repeats=10):
+    for _ in range(warmup):
+        f()
+    sync()
+    start = clock()
+    for _ in range(repeats):
+        f()
+    sync()
+    return (clock() - start) / repeats
+
+
+def time_no_sync(f, sync, clock=time.perf_counter, warmup=3, repeats=10):
+    for _ in range(warmup):
+        f()
+    start = clock()
+    for _ in range(repeats):
+        f()
+    return (clock() - start) / repeats
+
+
+def time_no_warmup(f, sync, clock=time.perf_counter, repeats=10):
+    sync()
+    start = clock()
+    for _ in range(repeats):
+        f()
+    sync()
+    return (clock() - start) / repeats
+
+
+def time_no_sync_before_start(f, sync, clock=time.perf_counter, warmup=3, repeats=10):
+    for _ in range(warmup):
+        f()
+    start = clock()
+    for _ in range(repeats):
+        f()
+    sync()
+    return (clock() - start) / repeats
+
+
+def time_total(f, sync, clock=time.perf_counter, warmup=3, repeats=10):
+    return time_ok(f, sync, clock, warmup, repeats) * repeats
+
+
+def time_perf_counter(f, sync, clock=time.perf_counter, warmup=3, repeats=10):
+    return time_ok(f, sync, time.perf_counter, warmup, repeats)
+
+
+def online_ok(m, l, acc, s, v):
+    m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+    alpha = torch.exp(m - m_new)
+    p = torch.exp(s - m_new)
+    return m_new, alpha * l + p.sum(dim=-1, keepdim=True), alpha * acc + p @ v
+
+
+def online_no_rescale(m, l, acc, s, v):
+    m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+    p = torch.exp(s - m_new)
+    return m_new, l + p.sum(dim=-1, keepdim=True), acc + p @ v
+
+
+def online_inverted_alpha(m, l, acc, s, v):
+    m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+    alpha = torch.exp(m_new - m)
+    p = torch.exp(s - m_new)
+    return m_new, alpha * l + p.sum(dim=-1, keepdim=True), alpha * acc + p @ v
+
+
+def online_block_max_only(m, l, acc, s, v):
+    m_new = s.amax(dim=-1, keepdim=True)
+    alpha = torch.exp(m - m_new)
+    p = torch.exp(s - m_new)
+    return m_new, alpha * l + p.sum(dim=-1, keepdim=True), alpha * acc + p @ v
+
+
+def online_flat_shapes(m, l, acc, s, v):  # (n,) running statistics are fine too
+    m_new, l_new, acc_new = online_ok(m, l, acc, s, v)
+    return m_new.squeeze(-1), l_new.squeeze(-1), acc_new
+
+
+def memory_ok(B, H, T, block_size=None, dtype=torch.float32):
+    side = T if block_size is None else min(block_size, T)
+    return B * H * side * side * torch.tensor([], dtype=dtype).element_size()
+
+
+def memory_elements(B, H, T, block_size=None, dtype=torch.float32):
+    side = T if block_size is None else min(block_size, T)
+    return B * H * side * side
+
+
+def memory_no_heads(B, H, T, block_size=None, dtype=torch.float32):
+    return memory_ok(B, 1, T, block_size, dtype)
+
+
+def memory_row_of_tiles(B, H, T, block_size=None, dtype=torch.float32):
+    if block_size is None:
+        return memory_ok(B, H, T, None, dtype)
+    return B * H * T * min(block_size, T) * torch.tensor([], dtype=dtype).element_size()
+
+
+def block_ok(B, H, budget_bytes, dtype=torch.float32):
+    e = torch.tensor([], dtype=dtype).element_size()
+    b = 1
+    while B * H * (2 * b) ** 2 * e <= budget_bytes:
+        b *= 2
+    return b
+
+
+def block_first_too_big(B, H, budget_bytes, dtype=torch.float32):
+    return 2 * block_ok(B, H, budget_bytes, dtype)
+
+
+def block_not_power_of_two(B, H, budget_bytes, dtype=torch.float32):
+    e = torch.tensor([], dtype=dtype).element_size()
+    return math.isqrt(budget_bytes // (B * H * e))
+
+
+def block_ignores_batch_heads(B, H, budget_bytes, dtype=torch.float32):
+    return block_ok(1, 1, budget_bytes, dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# The table: checker, answer(s), expected return, a phrase the printed line must contain
+# ---------------------------------------------------------------------------------------------
+NA, OK = "not attempted yet", "correct!"
+CHECKERS = [name for name in ex.__all__ if name.startswith("check_")]
+C = ex
+CASES = [
+    # 01
+    (C.check_attention_weights_for_query, (weights_ok,), True, OK),
+    (C.check_attention_weights_for_query, (stub1,), None, NA),
+    (C.check_attention_weights_for_query, (stub_raises,), None, NA),
+    (C.check_attention_weights_for_query, (weights_raw,), False, "raw scores"),
+    (C.check_attention_weights_for_query, (weights_divsum,), False, "divided the scores by their sum"),
+    (C.check_attention_weights_for_query, (weights_next_query,), False, "weights of query 2, not of query 1"),
+    (C.check_attention_weights_for_query, (weights_2d,), False, "wrong shape (1, 6); expected (6,)"),
+    (C.check_stable_softmax, (softmax_ok,), True, OK),
+    (C.check_stable_softmax, (stub1,), None, NA),
+    (C.check_stable_softmax, (softmax_naive,), False, "overflow"),
+    (C.check_stable_softmax, (softmax_axis0,), False, "wrong axis"),
+    (C.check_stable_softmax, (softmax_global_max,), False, "each row's own maximum"),
+    (C.check_stable_softmax, (softmax_no_norm,), False, "did not normalise"),
+    (C.check_stable_softmax, (softmax_in_place,), False, "in place"),
+    (C.check_stable_softmax, (softmax_crashes,), False, "raised NameError"),
+    (C.check_stable_softmax, (42,), False, "expected a function"),
+    (C.check_context_vectors, (context_ok,), True, OK),
+    (C.check_context_vectors, (stub1,), None, NA),
+    (C.check_context_vectors, (context_raw,), False, "raw scores X @ X.T instead of the softmax"),
+    (C.check_context_vectors, (context_axis0,), False, "wrong axis"),
+    (C.check_context_vectors, (context_weights_only,), False, "these are the attention weights"),
+    (C.check_context_vectors, (context_scaled,), False, "no division by sqrt(d)"),
+    (C.check_context_vectors, (context_dot_T,), False, "np.swapaxes(X, -1, -2)"),
+    (C.check_spot_the_bug, (context_dot_T,), True, OK),
+    (C.check_spot_the_bug, (fixed_loop,), True, OK),
+    (C.check_spot_the_bug, (context_ok,), True, OK),
+    (C.check_spot_the_bug, (stub1,), None, NA),
+    (C.check_spot_the_bug, (buggy_loop,), False, "still the bug"),
+    (C.check_spot_the_bug, (context_axis0,), False, "wrong axis"),
+    # 02
+    (C.check_weight_transfer, (transfer_ok,), True, OK),
+    (C.check_weight_transfer, (transfer_new_parameters,), True, OK),
+    (C.check_weight_transfer, (transfer_stub,), None, NA),
+    (C.check_weight_transfer, (transfer_no_transpose,), False, "transpose"),
+    (C.check_weight_transfer, (transfer_swapped,), False, "received sa_v2.W_key's weights"),
+    (C.check_weight_transfer, (transfer_wrong_direction,), False, "other direction"),
+    (C.check_attention_entropy, (entropy_ok,), True, OK),
+    (C.check_attention_entropy, (stub1,), None, NA),
+    (C.check_attention_entropy, (entropy_unscaled,), False, "forgot the scaling"),
+    (C.check_attention_entropy, (entropy_log2,), False, "natural log"),
+    (C.check_attention_entropy, (entropy_nan,), False, "0 * (-inf)"),
+    (C.check_attention_entropy, (entropy_per_row,), False, "return one number"),
+    (C.check_permutation_equivariance, (equivariant_ok,), True, OK),
+    (C.check_permutation_equivariance, (stub1,), None, NA),
+    (C.check_permutation_equivariance, (equivariant_unpermuted,), False, "f(X)[perm] (not with f(X) itself)"),
+    (C.check_permutation_equivariance, (equivariant_inverse,), False, "wrong way"),
+    (C.check_permutation_equivariance, (equivariant_exact,), False, "np.allclose, not =="),
+    (C.check_permutation_equivariance, (equivariant_always,), False, "causal attention"),
+    (C.check_permutation_equivariance, (equivariant_array,), False, "single True or False"),
+    # 03
+    (C.check_causal_mask, (mask_ok,), True, OK),
+    (C.check_causal_mask, (mask_torch,), True, OK),
+    (C.check_causal_mask, (stub1,), None, NA),
+    (C.check_causal_mask, (mask_upper,), False, "upper triangle"),
+    (C.check_causal_mask, (mask_inverted,), False, "forbidden future positions"),
+    (C.check_causal_mask, (mask_no_diagonal,), False, "diagonal is missing"),
+    (C.check_causal_mask, (mask_float,), False, "boolean"),
+    (C.check_attention_dropout, (dropout_ok,), True, OK),
+    (C.check_attention_dropout, (stub1,), None, NA),
+    (C.check_attention_dropout, (dropout_no_rescale,), False, "forgot to rescale"),
+    (C.check_attention_dropout, (dropout_inverted,), False, "probability p (keep it with probability 1 - p)"),
+    (C.check_attention_dropout, (dropout_divide_p,), False, "not by p"),
+    (C.check_attention_dropout, (dropout_renormalised,), False, "don't renormalise"),
+    (C.check_attention_dropout, (dropout_global_rng,), False, "the rng you are given"),
+    (C.check_causal_bug_fix, (causal_ok,), True, OK),
+    (C.check_causal_bug_fix, (stub1,), None, NA),
+    (C.check_causal_bug_fix, (causal_leaky,), False, "still the original bug"),
+    (C.check_causal_bug_fix, (causal_after_softmax,), False, "after softmax without renormalising"),
+    (C.check_causal_bug_fix, (causal_no_mask,), False, "future leaked"),
+    (C.check_causal_bug_fix, (causal_unscaled,), False, "forgot the scaling"),
+    # 04
+    (C.check_cross_attention, (cross_ok,), True, OK),
+    (C.check_cross_attention, (stub1,), None, NA),
+    (C.check_cross_attention, (cross_unscaled,), False, "forgot the scaling"),
+    (C.check_cross_attention, (cross_queries_from_kv,), False, "queries must come from X_q"),
+    (C.check_cross_attention, (cross_values_from_q,), False, "keys AND values both come from X_kv"),
+    (C.check_cross_attention, (cross_causal,), False, "no causal mask"),
+    (C.check_split_merge_heads, (split_ok, merge_ok), True, OK),
+    (C.check_split_merge_heads, (stub1, stub1), None, NA),
+    (C.check_split_merge_heads, (split_ok, stub1), None, NA),
+    (C.check_split_merge_heads, (split_direct, merge_ok), False, "reshaped straight to (B, H, T, head_dim)"),
+    (C.check_split_merge_heads, (split_ok, merge_no_transpose), False, "transpose back"),
+    (C.check_split_merge_heads, (split_ok, merge_view), False, "not contiguous"),
+    (C.check_parameter_count, (count_ok,), True, "2,362,368"),
+    (C.check_parameter_count, (stub1,), None, NA),
+    (C.check_parameter_count, (count_no_bias,), False, "forgot the biases"),
+    (C.check_parameter_count, (count_no_out_proj,), False, "output projection"),
+    (C.check_parameter_count, (count_times_heads,), False, "don't multiply"),
+    (C.check_row_entropy, (row_entropy_ok,), True, OK),
+    (C.check_row_entropy, (stub1,), None, NA),
+    (C.check_row_entropy, (row_entropy_nan,), False, "0 * log(0)"),
+    (C.check_row_entropy, (row_entropy_no_minus,), False, "minus sign"),
+    (C.check_row_entropy, (row_entropy_log2,), False, "natural log"),
+    (C.check_row_entropy, (row_entropy_mean,), False, "one entropy per row"),
+    (C.check_attention_patterns, (patterns_ok,), True, "uniform 1.7918"),
+    (C.check_attention_patterns, (patterns_stub,), None, NA),
+    (C.check_attention_patterns, (stub1,), None, NA),
+    (C.check_attention_patterns, (patterns_soft_peak,), False, "at least 0.9"),
+    (C.check_attention_patterns, (patterns_local_unnormalised,), False, "of the local pattern sums to"),
+    (C.check_attention_patterns, (patterns_local_wide,), False, "|i - j| <= 1"),
+    # 05
+    (C.check_time_call, (time_ok,), True, "2.00 ms per call"),
+    (C.check_time_call, (stub1,), None, NA),
+    (C.check_time_call, (time_no_sync,), False, "call sync() before reading the clock"),
+    (C.check_time_call, (time_no_warmup,), False, "warm-up"),
+    (C.check_time_call, (time_no_sync_before_start,), False, "before starting the clock"),
+    (C.check_time_call, (time_total,), False, "divide by the number of timed calls"),
+    (C.check_time_call, (time_perf_counter,), False, "clock you are given"),
+    (C.check_online_softmax_step, (online_ok,), True, OK),
+    (C.check_online_softmax_step, (online_flat_shapes,), True, OK),
+    (C.check_online_softmax_step, (stub1,), None, NA),
+    (C.check_online_softmax_step, (online_no_rescale,), False, "forgot to rescale"),
+    (C.check_online_softmax_step, (online_inverted_alpha,), False, "not exp(m_new - m_old)"),
+    (C.check_online_softmax_step, (online_block_max_only,), False, "larger of the old maximum"),
+    (C.check_score_memory, (memory_ok,), True, OK),
+    (C.check_score_memory, (stub1,), None, NA),
+    (C.check_score_memory, (memory_elements,), False, "number of elements"),
+    (C.check_score_memory, (memory_no_heads,), False, "multiply by H"),
+    (C.check_score_memory, (memory_row_of_tiles,), False, "not T x block_size"),
+    (C.check_block_size, (block_ok,), True, OK),
+    (C.check_block_size, (stub1,), None, NA),
+    (C.check_block_size, (block_first_too_big,), False, "largest block that still fits"),
+    (C.check_block_size, (block_not_power_of_two,), False, "powers of two"),
+    (C.check_block_size, (block_ignores_batch_heads,), False, "forget B * H"),
+]
+
+
+def _id(case):
+    checker, answers, _, _ = case
+    return f"{checker.__name__}-{'+'.join(getattr(a, '__name__', repr(a)) for a in answers)}"
+
+
+@pytest.mark.parametrize("checker, answers, expected, phrase", CASES, ids=[_id(c) for c in CASES])
+def test_checker(capsys, checker, answers, expected, phrase):
+    result, out = run(capsys, checker, *answers)
+    assert result.passed is expected, out
+    assert result == expected and bool(result) is (expected is True)
+    assert result.message == out.rstrip("\n")
+    assert phrase in out, out
+    prefix = {True: "correct!", False: "not quite:", None: "not attempted yet"}[expected]
+    assert out.startswith(prefix), out
+
+
+def test_every_checker_is_covered_three_ways():
+    """Each checker: a correct answer, the stub, and at least two different wrong answers."""
+    for name in CHECKERS:
+        results = [c[2] for c in CASES if c[0].__name__ == name]
+        assert True in results and None in results, name
+        assert results.count(False) >= 2, name
+
+
+def test_reference_solutions_agree_with_pytorch():
+    """Independent cross-checks of the references the tests above rely on."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(3, 5))
+    assert np.allclose(softmax_ok(x), torch.softmax(torch.from_numpy(x), dim=-1).numpy())
+    Q, K, V = (torch.randn(4, 3, dtype=torch.float64) for _ in range(3))
+    sdpa = torch.nn.functional.scaled_dot_product_attention(Q, K, V, is_causal=True)
+    assert np.allclose(causal_ok(Q.numpy(), K.numpy(), V.numpy()), sdpa.numpy())
+    X_q, X_kv = torch.randn(2, 4, dtype=torch.float64), torch.randn(5, 4, dtype=torch.float64)
+    W = [torch.randn(4, 4, dtype=torch.float64) for _ in range(3)]
+    sdpa = torch.nn.functional.scaled_dot_product_attention(X_q @ W[0], X_kv @ W[1], X_kv @ W[2])
+    assert torch.allclose(cross_ok(X_q, X_kv, *W), sdpa)
+    # GPT-2 small: c_attn 768 x 2304 + 2304 biases, c_proj 768 x 768 + 768 biases
+    assert count_ok(768, 12) == 768 * 2304 + 2304 + 768 * 768 + 768 == 2_362_368
+
+
+def test_checkers_never_raise_on_odd_answers(capsys):
+    odd = [None, 3, "text", lambda *a, **k: "text", lambda *a, **k: object(),
+           lambda *a, **k: (1, 2), lambda *a, **k: np.zeros(0)]
+    for name in CHECKERS:
+        checker = getattr(ex, name)
+        for answer in odd:
+            args = (answer, answer) if name == "check_split_merge_heads" else (answer,)
+            result = checker(*args)
+            out = capsys.readouterr().out
+            assert result.passed in (None, False), (name, answer, out)
+            assert out.count("\n") == 1, (name, out)
+
+
+def test_result_shows_nothing_in_a_notebook(capsys):
+    result = ex.check_causal_mask(mask_ok)
+    capsys.readouterr()
+    assert result._ipython_display_() is None
+    assert repr(result) == "CheckResult(passed=True)"
+    assert result != False and result != None  # noqa: E711, E712 - comparing with the value on purpose
+
+
+def test_checkers_leave_the_global_random_state_alone(capsys):
+    torch.manual_seed(7)
+    np.random.seed(7)  # noqa: NPY002 - the legacy global state is what we check
+    ex.check_weight_transfer(transfer_ok)
+    ex.check_parameter_count(count_ok)
+    ex.check_attention_dropout(dropout_global_rng)
+    capsys.readouterr()
+    after_torch, after_np = torch.rand(3), np.random.random(3)  # noqa: NPY002
+    torch.manual_seed(7)
+    np.random.seed(7)  # noqa: NPY002
+    assert torch.equal(after_torch, torch.rand(3))
+    assert np.array_equal(after_np, np.random.random(3))  # noqa: NPY002
+
+
+# ---------------------------------------------------------------------------------------------
+# The notebooks: stubs print "not attempted yet", solutions print "correct!" (nbval keeps the
+# stored outputs honest by re-running every cell and comparing)
+# ---------------------------------------------------------------------------------------------
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+SOLUTIONS = sorted((NOTEBOOKS / "solutions").glob("*_solutions.ipynb"))
+COURSE = sorted(NOTEBOOKS.glob("0[1-5]_*.ipynb"))
+
+
+def checker_cells(path: Path) -> list[tuple[str, str]]:
+    """(source, printed text) of every code cell that calls a checker."""
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    cells = []
+    for c in nb["cells"]:
+        source = "".join(c["source"])
+        if c["cell_type"] == "code" and re.search(r"^check_\w+\(", source, flags=re.M):
+            text = "".join("".join(o.get("text", "")) for o in c.get("outputs", []))
+            cells.append((source, text))
+    return cells
+
+
+def test_there_is_a_solution_notebook_per_core_notebook():
+    assert [p.name[:3] for p in SOLUTIONS] == ["01_", "02_", "03_", "04_", "05_"]
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=[p.name for p in SOLUTIONS])
+def test_solution_notebook_prints_correct_for_every_exercise(path):
+    cells = checker_cells(path)
+    assert len(cells) >= 3, f"{path.name} has {len(cells)} exercises"
+    for source, text in cells:
+        last = text.strip().splitlines()[-1] if text.strip() else ""
+        assert last.startswith("correct!"), f"{source.splitlines()[-1]} printed {text!r}"
+
+
+@pytest.mark.parametrize("path", COURSE, ids=[p.name for p in COURSE])
+def test_course_notebook_stubs_print_not_attempted(path):
+    for source, text in checker_cells(path):
+        assert text.strip().startswith("not attempted yet"), f"{source.splitlines()[-1]} printed {text!r}"
+        assert "# TODO" in source, "a stub should say where the learner's code goes"
+
+
+def test_every_checker_is_used_by_a_solution_notebook():
+    used = "".join(src for p in SOLUTIONS for src, _ in checker_cells(p))
+    missing = [name for name in CHECKERS if f"{name}(" not in used]
+    assert not missing, missing

@@ -13,7 +13,7 @@ NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize
 export PYTHONHASHSEED := 0
 export MPLBACKEND     := module://matplotlib_inline.backend_inline
 
-.PHONY: help venv lab test unit nbval execute lint stamp clean
+.PHONY: help venv lab test unit nbval execute lint stamp clean browser ui-test html bench
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -32,11 +32,11 @@ ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 lab: $(STAMP)  ## start JupyterLab on notebooks/ (localhost only, with its access token)
 	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=notebooks $(ALLOW_ROOT) $(LAB_ARGS)
 
-test: $(STAMP)  ## unit tests + every notebook through strict nbval
+test: $(STAMP) browser  ## unit tests, every notebook through strict nbval, browser/Colab/Binder/site tests
 	$(BIN)/python -m pytest $(NBVAL) tests notebooks
 
-unit: $(STAMP)  ## unit tests only (fast)
-	$(BIN)/python -m pytest tests
+unit: $(STAMP)  ## unit tests only (fast; no browser)
+	$(BIN)/python -m pytest tests --ignore=tests/test_ui.py
 
 nbval: $(STAMP)  ## notebooks only, through strict nbval
 	$(BIN)/python -m pytest $(NBVAL) notebooks
@@ -55,3 +55,17 @@ clean:  ## remove .venv, caches and built artefacts
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis site .artifacts
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 	find . -name .ipynb_checkpoints -type d -prune -exec rm -rf {} +
+
+# Where learners open the course: JupyterLab in a real browser, and a static site for readers.
+
+browser:  ## install headless Chromium + chromedriver (Debian packages) if missing; needs root or sudo
+	@test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || bash tools/install_browser.sh
+
+ui-test: $(STAMP) browser  ## run every numbered notebook through JupyterLab's "Run All Cells" in headless Chromium
+	$(BIN)/python -m pytest -v tests/test_ui.py
+
+html: $(STAMP)  ## render the notebooks with their stored outputs into a static site under site/
+	$(BIN)/python -m tools.site --out site
+
+bench: $(STAMP)  ## time NumPy / naive / SDPA / tiled attention at large sizes -> benchmarks/results-<device>.md
+	$(BIN)/python -m tools.bench

@@ -89,12 +89,15 @@ def test_make_lab_serves_jupyterlab_on_localhost_with_a_token(lab):
     names = {item["name"] for item in json.loads(body)["content"]}
     assert "01_simplified_self_attention.ipynb" in names
 
-    listening = {
-        conn.laddr.ip
-        for p in psutil.Process(proc.pid).children(recursive=True)
-        for conn in p.net_connections(kind="inet")
-        if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port
-    }
+    listening = set()
+    for child in psutil.Process(proc.pid).children(recursive=True):
+        try:  # short-lived helper processes may exit while we look
+            conns = child.net_connections(kind="inet")
+        except (psutil.NoSuchProcess, FileNotFoundError):
+            continue
+        listening |= {
+            c.laddr.ip for c in conns if c.status == psutil.CONN_LISTEN and c.laddr.port == port
+        }
     assert listening and listening <= {"127.0.0.1", "::1"}, f"listening on {listening}"
 
 

@@ -168,13 +168,33 @@ def scaled_dot_product_attention(Q, K, V, mask=None, causal: bool = False):
     return weights @ V, weights
 
 
-def _check_projection(name: str, W: np.ndarray, d_in: int) -> None:
-    if W.ndim != 2:
-        raise ValueError(f"{name} must be 2-D (d_in, d_out); got shape {W.shape}")
-    if W.shape[0] != d_in:
+def _check_projections(X, W_q, W_k, W_v, num_heads: int = 1):
+    """Validate ``X (..., T, d_in)`` and ``W_q, W_k (d_in, d_k)``, ``W_v (d_in, d_v)`` (with
+    ``d_k`` and ``d_v`` divisible by ``num_heads``); return them as float arrays."""
+    X = _as_real_array("X", X, min_ndim=2)
+    d_in = X.shape[-1]
+    checked = []
+    for name, W in (("W_q", W_q), ("W_k", W_k), ("W_v", W_v)):
+        W = _as_real_array(name, W)
+        if W.ndim != 2:
+            raise ValueError(f"{name} must be 2-D (d_in, d_out); got shape {W.shape}")
+        if W.shape[0] != d_in:
+            raise ValueError(
+                f"{name} must have d_in = {d_in} rows to match X's last dimension; "
+                f"got shape {W.shape}"
+            )
+        if W.shape[1] % num_heads:
+            raise ValueError(
+                f"{name}'s d_out = {W.shape[1]} (shape {W.shape}) is not divisible by "
+                f"num_heads = {num_heads}"
+            )
+        checked.append(W)
+    W_q, W_k, W_v = checked
+    if W_q.shape != W_k.shape:
         raise ValueError(
-            f"{name} must have d_in = {d_in} rows to match X's last dimension; got shape {W.shape}"
+            f"W_q and W_k must have the same shape (d_in, d_k); got {W_q.shape} and {W_k.shape}"
         )
+    return X, W_q, W_k, W_v
 
 
 def self_attention(X, W_q, W_k, W_v, causal: bool = False):
@@ -186,17 +206,7 @@ def self_attention(X, W_q, W_k, W_v, causal: bool = False):
     Returns:
         ``(output, weights)``: output ``(..., T, d_v)``, weights ``(..., T, T)``.
     """
-    X = _as_real_array("X", X, min_ndim=2)
-    W_q = _as_real_array("W_q", W_q)
-    W_k = _as_real_array("W_k", W_k)
-    W_v = _as_real_array("W_v", W_v)
-    d_in = X.shape[-1]
-    for name, W in (("W_q", W_q), ("W_k", W_k), ("W_v", W_v)):
-        _check_projection(name, W, d_in)
-    if W_q.shape != W_k.shape:
-        raise ValueError(
-            f"W_q and W_k must have the same shape (d_in, d_k); got {W_q.shape} and {W_k.shape}"
-        )
+    X, W_q, W_k, W_v = _check_projections(X, W_q, W_k, W_v)
     return scaled_dot_product_attention(X @ W_q, X @ W_k, X @ W_v, causal=causal)
 
 
@@ -225,23 +235,7 @@ def multi_head_attention(X, W_q, W_k, W_v, num_heads: int, W_o=None, causal: boo
         without W_o), weights ``(..., num_heads, T, T)``.
     """
     num_heads = _check_positive_int("num_heads", num_heads)
-    X = _as_real_array("X", X, min_ndim=2)
-    W_q = _as_real_array("W_q", W_q)
-    W_k = _as_real_array("W_k", W_k)
-    W_v = _as_real_array("W_v", W_v)
-    d_in = X.shape[-1]
-    for name, W in (("W_q", W_q), ("W_k", W_k), ("W_v", W_v)):
-        _check_projection(name, W, d_in)
-        if W.shape[1] % num_heads:
-            raise ValueError(
-                f"{name}'s d_out = {W.shape[1]} (shape {W.shape}) is not divisible by "
-                f"num_heads = {num_heads}"
-            )
-    if W_q.shape != W_k.shape:
-        raise ValueError(
-            f"W_q and W_k must have the same shape (d_in, num_heads * head_dim); "
-            f"got {W_q.shape} and {W_k.shape}"
-        )
+    X, W_q, W_k, W_v = _check_projections(X, W_q, W_k, W_v, num_heads)
     Q = _split_heads(X @ W_q, num_heads)  # (..., H, T, head_dim)
     K = _split_heads(X @ W_k, num_heads)
     V = _split_heads(X @ W_v, num_heads)

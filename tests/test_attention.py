@@ -313,3 +313,8 @@ def test_softmax_rejects_bad_axis():
 def test_causal_mask_rejects_bad_T(T):
     with pytest.raises(ValueError, match=r"T \(the number of tokens\) must be a positive integer; got"):
         causal_mask(T)
+
+
+def test_rejects_query_and_key_projections_of_different_shapes():
+    with pytest.raises(ValueError, match=r"W_q and W_k must have the same shape \(d_in, d_k\); got \(4, 2\) and \(4, 3\)"):
+        self_attention(np.ones((3, 4)), np.ones((4, 2)), np.ones((4, 3)), np.ones((4, 2)))

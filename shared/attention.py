@@ -68,6 +68,21 @@ def _check_positive_int(name: str, value) -> int:
     return int(value)
 
 
+def check_qkv_shapes(Q_shape, K_shape, V_shape) -> None:
+    """Check that ``Q (..., T_q, d_k)``, ``K (..., T_k, d_k)`` and ``V (..., T_k, d_v)`` fit
+    together (shared by the NumPy reference and ``shared.flash``, which passes tensor shapes)."""
+    Q_shape, K_shape, V_shape = tuple(Q_shape), tuple(K_shape), tuple(V_shape)
+    if Q_shape[-1] != K_shape[-1]:
+        raise ValueError(
+            f"Q and K must share their last dimension d_k; got Q {Q_shape} and K {K_shape}"
+        )
+    if K_shape[-2] != V_shape[-2]:
+        raise ValueError(
+            "K and V must have the same number of tokens T_k (second-to-last dimension); "
+            f"got K {K_shape} and V {V_shape}"
+        )
+
+
 def _batch_shape(**arrays: np.ndarray) -> tuple:
     """Broadcast the leading (batch) dimensions of ``(..., T, d)`` arrays, or explain why not."""
     try:
@@ -127,15 +142,7 @@ def scaled_dot_product_attention(Q, K, V, mask=None, causal: bool = False):
     Q = _as_real_array("Q", Q, min_ndim=2)
     K = _as_real_array("K", K, min_ndim=2)
     V = _as_real_array("V", V, min_ndim=2)
-    if Q.shape[-1] != K.shape[-1]:
-        raise ValueError(
-            f"Q and K must share their last dimension d_k; got Q {Q.shape} and K {K.shape}"
-        )
-    if K.shape[-2] != V.shape[-2]:
-        raise ValueError(
-            "K and V must have the same number of tokens T_k (second-to-last dimension); "
-            f"got K {K.shape} and V {V.shape}"
-        )
+    check_qkv_shapes(Q.shape, K.shape, V.shape)
     batch = _batch_shape(Q=Q, K=K, V=V)
     T_q, d_k, T_k = Q.shape[-2], Q.shape[-1], K.shape[-2]
     # (..., T_q, T_k); dividing by a Python float keeps float32 inputs in float32

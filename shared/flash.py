@@ -21,6 +21,8 @@ import math
 
 import torch
 
+from shared.attention import check_qkv_shapes
+
 __all__ = ["tiled_attention", "DEFAULT_BLOCK_SIZE"]
 
 DEFAULT_BLOCK_SIZE = 256
@@ -42,16 +44,7 @@ def _check_inputs(Q, K, V, causal, block_size) -> None:
         raise ValueError(
             f"Q, K and V must be on one device; got {Q.device}, {K.device} and {V.device}"
         )
-    if Q.shape[-1] != K.shape[-1]:
-        raise ValueError(
-            "Q and K must share their last dimension d_k; "
-            f"got Q {tuple(Q.shape)} and K {tuple(K.shape)}"
-        )
-    if K.shape[-2] != V.shape[-2]:
-        raise ValueError(
-            "K and V must have the same number of tokens T_k (second-to-last dimension); "
-            f"got K {tuple(K.shape)} and V {tuple(V.shape)}"
-        )
+    check_qkv_shapes(Q.shape, K.shape, V.shape)
     if Q.shape[-2] == 0 or K.shape[-2] == 0 or Q.shape[-1] == 0:
         raise ValueError(
             f"T_q, T_k and d_k must be at least 1; got Q {tuple(Q.shape)} and K {tuple(K.shape)}"

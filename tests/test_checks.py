@@ -1,4 +1,4 @@
-"""shared.checks.check: prints the rounded difference, passes equal inputs, fails different ones."""
+"""shared.checks.check: prints the difference in scientific notation, passes equal inputs, fails different ones."""
 
 import numpy as np
 import pytest
@@ -9,20 +9,26 @@ from shared.checks import check
 
 def test_equal_inputs_pass_and_print(capsys):
     assert check("same", [[1.0, 2.0]], np.array([[1.0, 2.0]])) is None
-    assert capsys.readouterr().out == "same: max abs diff = 0.0000 (< 1e-12: True)\n"
+    assert capsys.readouterr().out == "same: max abs diff = 0 (< 1e-12: True)\n"
 
 
 def test_tensor_vs_array_within_tolerance(capsys):
     check("t", torch.tensor([1.0, 2.5]), np.array([1.0, 2.5000001]), tol=1e-6)
-    assert "max abs diff = 0.0000 (< 1e-06: True)" in capsys.readouterr().out
+    assert "max abs diff = 1.0e-07 (< 1e-06: True)" in capsys.readouterr().out
 
 
 def test_difference_above_tolerance_fails_loudly(capsys):
     with pytest.raises(AssertionError, match="difference 0.5 is not below 0.001"):
         check("off", [1.0, 2.0], [1.0, 2.5], tol=1e-3)
-    assert "max abs diff = 0.5000 (< 0.001: False)" in capsys.readouterr().out
+    assert "max abs diff = 5.0e-01 (< 0.001: False)" in capsys.readouterr().out
 
 
 def test_shape_mismatch_is_a_value_error():
     with pytest.raises(ValueError, match=r"shapes differ, got \(2,\) and expected \(1, 2\)"):
         check("shape", [1.0, 2.0], [[1.0, 2.0]])
+
+
+def test_tiny_difference_is_not_rounded_away(capsys):
+    # 0.1 + 0.2 differs from 0.3 by one unit in the last place (2**-54 * 4 = 5.55e-17)
+    check("ulp", [0.1 + 0.2], [0.3])
+    assert capsys.readouterr().out == "ulp: max abs diff = 5.6e-17 (< 1e-12: True)\n"

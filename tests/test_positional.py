@@ -85,6 +85,15 @@ def test_apply_rope_float32_and_other_position_types(interleaved):
         torch.testing.assert_close(got.double(), ref, atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_apply_rope_keeps_low_precision_dtypes(dtype):
+    x = torch.randn(3, 10, 8, generator=torch.Generator().manual_seed(6))
+    got = apply_rope(x.to(dtype), torch.arange(10) * 100)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.double(), rope_complex(x.to(dtype), torch.arange(10) * 100),
+                               atol=0.05, rtol=0.02)
+
+
 def test_apply_rope_by_hand():
     # d = 2: one pair turning one radian per position (theta_0 = base**0 = 1)
     x = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 2.0]], dtype=torch.float64)

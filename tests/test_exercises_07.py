@@ -1,0 +1,331 @@
+"""The checkers of notebook 07 (RoPE and ALiBi): each accepts a reference solution, says "not
+attempted yet" for the shipped stub, and rejects typical wrong answers with the hint that names the
+mistake. The reference solutions here are written independently of the checkers."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from shared import exercises as ex
+
+NA, OK = "not attempted yet", "correct!"
+
+
+def run(capsys, checker, *answer):
+    result = checker(*answer)
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1, f"expected exactly one line, got: {out!r}"
+    return result, out
+
+
+def stub(*args, **kwargs):
+    # TODO: your code here
+    return None
+
+
+def stub_raises(*args, **kwargs):
+    raise NotImplementedError
+
+
+# 7.1 rotate_pair ------------------------------------------------------------------------------
+def rotate_ok(pair, angle):
+    x, y = pair[..., 0], pair[..., 1]
+    c, s = torch.cos(angle), torch.sin(angle)
+    return torch.stack((x * c - y * s, x * s + y * c), dim=-1)
+
+
+def rotate_complex(pair, angle):  # the same rotation as complex multiplication
+    z = torch.complex(pair[..., 0], pair[..., 1]) * torch.polar(torch.ones_like(angle), angle)
+    return torch.stack((z.real, z.imag), dim=-1)
+
+
+def rotate_clockwise(pair, angle):
+    return rotate_ok(pair, -angle)
+
+
+def rotate_swapped(pair, angle):
+    x, y = pair[..., 0], pair[..., 1]
+    c, s = torch.cos(angle), torch.sin(angle)
+    return torch.stack((x * s - y * c, x * c + y * s), dim=-1)
+
+
+def rotate_degrees(pair, angle):
+    return rotate_ok(pair, torch.deg2rad(angle))
+
+
+def rotate_first_axis(pair, angle):
+    x, y = pair[..., 0], pair[..., 1]
+    c, s = torch.cos(angle), torch.sin(angle)
+    return torch.stack((x * c - y * s, x * s + y * c), dim=0)
+
+
+def rotate_in_place(pair, angle):
+    x, y = pair[..., 0].clone(), pair[..., 1].clone()
+    pair[..., 0] = x * torch.cos(angle) - y * torch.sin(angle)
+    pair[..., 1] = x * torch.sin(angle) + y * torch.cos(angle)
+    return pair
+
+
+def rotate_minus_sign(pair, angle):
+    x, y = pair[..., 0], pair[..., 1]
+    c, s = torch.cos(angle), torch.sin(angle)
+    return torch.stack((x * c - y * s, x * s - y * c), dim=-1)
+
+
+# 7.2 shift_change ------------------------------------------------------------------------------
+def shift_ok(encode, Q, K, offset):
+    p = torch.arange(Q.shape[0])
+    before = encode(Q, p) @ encode(K, p).T
+    after = encode(Q, p + offset) @ encode(K, p + offset).T
+    return (before - after).abs().max().item()
+
+
+def shift_numpy_list_positions(encode, Q, K, offset):
+    p = list(range(Q.shape[0]))
+    q = [m + offset for m in p]
+    before = (encode(Q, p) @ encode(K, p).T).numpy()
+    after = (encode(Q, q) @ encode(K, q).T).numpy()
+    return float(np.max(np.abs(before - after)))
+
+
+def shift_self(encode, Q, K, offset):
+    p = torch.arange(Q.shape[0])
+    s = encode(Q, p) @ encode(K, p).T
+    return (s - s).abs().max().item()
+
+
+def shift_queries_only(encode, Q, K, offset):
+    p = torch.arange(Q.shape[0])
+    before = encode(Q, p) @ encode(K, p).T
+    after = encode(Q, p + offset) @ encode(K, p).T
+    return (before - after).abs().max().item()
+
+
+def shift_no_abs(encode, Q, K, offset):
+    p = torch.arange(Q.shape[0])
+    return (encode(Q, p) @ encode(K, p).T - encode(Q, p + offset) @ encode(K, p + offset).T).max().item()
+
+
+def shift_mean(encode, Q, K, offset):
+    p = torch.arange(Q.shape[0])
+    return (encode(Q, p) @ encode(K, p).T - encode(Q, p + offset) @ encode(K, p + offset).T).abs().mean().item()
+
+
+def shift_matrix(encode, Q, K, offset):
+    p = torch.arange(Q.shape[0])
+    return (encode(Q, p) @ encode(K, p).T - encode(Q, p + offset) @ encode(K, p + offset).T).abs()
+
+
+def shift_float_positions(encode, Q, K, offset):
+    p = torch.arange(Q.shape[0], dtype=torch.float64)
+    return (encode(Q, p) @ encode(K, p).T).max().item()
+
+
+# 7.3 to_half_split ----------------------------------------------------------------------------
+def half_ok(W, num_heads):
+    head_dim = W.shape[1] // num_heads
+    # view the columns as (head, pair, member) and bring "member" before "pair" within each head
+    return W.reshape(W.shape[0], num_heads, head_dim // 2, 2).transpose(2, 3).reshape(W.shape)
+
+
+def half_loop(W, num_heads):
+    head_dim = W.shape[1] // num_heads
+    order = []
+    for h in range(num_heads):
+        order += [h * head_dim + j for j in range(0, head_dim, 2)]
+        order += [h * head_dim + j for j in range(1, head_dim, 2)]
+    return W[:, order]
+
+
+def half_whole(W, num_heads):
+    d = W.shape[1]
+    return W[:, list(range(0, d, 2)) + list(range(1, d, 2))]
+
+
+def _order(W, num_heads):
+    head_dim = W.shape[1] // num_heads
+    return [h * head_dim + j for h in range(num_heads)
+            for j in [*range(0, head_dim, 2), *range(1, head_dim, 2)]]
+
+
+def half_inverse(W, num_heads):  # the half-split -> interleaved direction
+    return W[:, torch.argsort(torch.tensor(_order(W, num_heads)))]
+
+
+def half_rows(W, num_heads):  # reorders the input features instead (fails on non-square W)
+    return W[_order(W, num_heads)]
+
+
+def half_unchanged(W, num_heads):
+    return W.clone()
+
+
+def half_transposed(W, num_heads):
+    return half_ok(W, num_heads).T
+
+
+def half_in_place(W, num_heads):
+    W[:] = half_ok(W.clone(), num_heads)
+    return W
+
+
+# 7.4 alibi_mass_beyond --------------------------------------------------------------------------
+def mass_ok(slope, T, distance):
+    w = torch.softmax(-slope * torch.arange(T, dtype=torch.float64), dim=0)
+    return w[distance + 1:].sum().item()
+
+
+def mass_closed_form(slope, T, distance):
+    r = math.exp(-slope)
+    if distance + 1 >= T:
+        return 0.0
+    return (r ** (distance + 1) - r ** T) / (1 - r ** T)
+
+
+def mass_off_by_one(slope, T, distance):
+    w = torch.softmax(-slope * torch.arange(T, dtype=torch.float64), dim=0)
+    return w[distance:].sum().item()
+
+
+def mass_within(slope, T, distance):
+    return 1.0 - mass_ok(slope, T, distance)
+
+
+def mass_plus_sign(slope, T, distance):
+    w = torch.softmax(slope * torch.arange(T, dtype=torch.float64), dim=0)
+    return w[distance + 1:].sum().item()
+
+
+def mass_unnormalised(slope, T, distance):
+    return torch.exp(-slope * torch.arange(T, dtype=torch.float64))[distance + 1:].sum().item()
+
+
+def mass_infinite(slope, T, distance):
+    return math.exp(-slope * (distance + 1))
+
+
+def mass_float32(slope, T, distance):
+    w = torch.softmax(-slope * torch.arange(T, dtype=torch.float32), dim=0)
+    return w[distance + 1:].sum()
+
+
+C = ex
+CASES = [
+    (C.check_rotate_pair, (rotate_ok,), True, "(1, 0) turned by pi/3 is (0.5, 0.866)"),
+    (C.check_rotate_pair, (rotate_complex,), True, OK),
+    (C.check_rotate_pair, (stub,), None, NA),
+    (C.check_rotate_pair, (stub_raises,), None, NA),
+    (C.check_rotate_pair, (rotate_clockwise,), False, "rotated clockwise"),
+    (C.check_rotate_pair, (rotate_swapped,), False, "cos and sin are swapped"),
+    (C.check_rotate_pair, (rotate_degrees,), False, "already in radians"),
+    (C.check_rotate_pair, (rotate_first_axis,), False, "on the LAST axis"),
+    (C.check_rotate_pair, (rotate_in_place,), False, "changed its inputs in place"),
+    (C.check_rotate_pair, (rotate_minus_sign,), False, "x sin a + y cos a (a plus sign)"),
+    (C.check_shift_change, (shift_ok,), True, "RoPE's scores moved by less than 1e-10"),
+    (C.check_shift_change, (shift_numpy_list_positions,), True, OK),
+    (C.check_shift_change, (stub,), None, NA),
+    (C.check_shift_change, (shift_self,), False, "not with themselves"),
+    (C.check_shift_change, (shift_queries_only,), False, "shift the keys' positions too"),
+    (C.check_shift_change, (shift_no_abs,), False, "absolute value"),
+    (C.check_shift_change, (shift_mean,), False, "not the average"),
+    (C.check_shift_change, (shift_matrix,), False, "should be one number; got an array of shape (6, 6)"),
+    (C.check_shift_change, (shift_float_positions,), False, "positions must be a 1-D sequence of integers"),
+    (C.check_to_half_split, (half_ok,), True, "max diff < 1e-12"),
+    (C.check_to_half_split, (half_loop,), True, OK),
+    (C.check_to_half_split, (stub,), None, NA),
+    (C.check_to_half_split, (half_whole,), False, "reorder within each head"),
+    (C.check_to_half_split, (half_inverse,), False, "other direction"),
+    (C.check_to_half_split, (half_rows,), False, "not the rows"),
+    (C.check_to_half_split, (half_unchanged,), False, "came back unchanged"),
+    (C.check_to_half_split, (half_transposed,), False, "don't transpose it"),
+    (C.check_to_half_split, (half_in_place,), False, "changed W in place"),
+    (C.check_alibi_mass_beyond, (mass_ok,), True, "slope 1/2 puts 0.0111"),
+    (C.check_alibi_mass_beyond, (mass_closed_form,), True, OK),
+    (C.check_alibi_mass_beyond, (mass_float32,), True, OK),
+    (C.check_alibi_mass_beyond, (stub,), None, NA),
+    (C.check_alibi_mass_beyond, (mass_off_by_one,), False, "exactly that distance"),
+    (C.check_alibi_mass_beyond, (mass_within,), False, "WITHIN"),
+    (C.check_alibi_mass_beyond, (mass_plus_sign,), False, "penalty"),
+    (C.check_alibi_mass_beyond, (mass_unnormalised,), False, "normalise"),
+    (C.check_alibi_mass_beyond, (mass_infinite,), False, "only T keys"),
+]
+CHECKERS = ex.nb07.__all__
+
+
+def _id(case):
+    checker, answers, _, _ = case
+    return f"{checker.__name__}-{'+'.join(getattr(a, '__name__', repr(a)) for a in answers)}"
+
+
+@pytest.mark.parametrize("checker, answers, expected, phrase", CASES, ids=[_id(c) for c in CASES])
+def test_checker(capsys, checker, answers, expected, phrase):
+    result, out = run(capsys, checker, *answers)
+    assert result.passed is expected, out
+    assert result.message == out.rstrip("\n")
+    assert phrase in out, out
+    prefix = {True: "correct!", False: "not quite:", None: "not attempted yet"}[expected]
+    assert out.startswith(prefix), out
+
+
+def test_every_checker_is_covered_three_ways():
+    """Each checker: a correct answer, the stub, and at least two different wrong answers."""
+    for name in CHECKERS:
+        results = [c[2] for c in CASES if c[0].__name__ == name]
+        assert True in results and None in results, name
+        assert results.count(False) >= 2, name
+    assert set(CHECKERS) <= set(ex.__all__)
+
+
+def test_reference_solutions_are_right():
+    """The references above against independent facts, not against the checkers."""
+    from shared.positional import apply_rope, rope_permutation
+
+    # rotating (1, 0) by pi/2 gives (0, 1); a rotation keeps lengths; two ways agree
+    one = rotate_ok(torch.tensor([1.0, 0.0], dtype=torch.float64), torch.tensor(math.pi / 3))
+    torch.testing.assert_close(one, torch.tensor([0.5, math.sqrt(3) / 2], dtype=torch.float64))
+    p, a = torch.randn(4, 2, dtype=torch.float64), torch.randn(4, dtype=torch.float64)
+    torch.testing.assert_close(rotate_ok(p, a), rotate_complex(p, a))
+    # RoPE scores are shift invariant; an identity "encoding" trivially too
+    Q, K = torch.randn(5, 8, dtype=torch.float64), torch.randn(5, 8, dtype=torch.float64)
+    assert shift_ok(lambda x, q: apply_rope(x, q), Q, K, 40) < 1e-10
+    assert shift_ok(lambda x, q: x + torch.as_tensor(q)[:, None], Q, K, 3) > 1
+    # half_ok's order is rope_permutation within each head; it equals the loop version
+    W = torch.arange(2 * 12, dtype=torch.float64).reshape(2, 12)
+    perm = torch.cat([h * 6 + rope_permutation(6) for h in range(2)])
+    torch.testing.assert_close(half_ok(W, 2), W[:, perm])
+    torch.testing.assert_close(half_loop(W, 2), W[:, perm])
+    # ALiBi mass: closed form and softmax agree; a uniform head (slope -> 0) gives (T - d - 1) / T
+    for slope, T, d in ((0.5, 64, 8), (1 / 256, 64, 16), (0.1, 5, 10)):
+        assert mass_closed_form(slope, T, d) == pytest.approx(mass_ok(slope, T, d), abs=1e-12)
+    assert mass_ok(1e-12, 10, 3) == pytest.approx(6 / 10)
+
+
+def test_checkers_never_raise_on_odd_answers(capsys):
+    odd = [None, 3, "text", lambda *a, **k: "text", lambda *a, **k: object(),
+           lambda *a, **k: (1, 2), lambda *a, **k: np.zeros(0), lambda *a, **k: float("nan")]
+    for name in CHECKERS:
+        checker = getattr(ex, name)
+        for answer in odd:
+            result = checker(answer)
+            out = capsys.readouterr().out
+            assert result.passed in (None, False), (name, answer, out)
+            assert out.count("\n") == 1, (name, out)
+
+
+def test_checkers_leave_the_global_random_state_alone(capsys):
+    torch.manual_seed(7)
+    np.random.seed(7)  # noqa: NPY002 - the legacy global state is what we check
+    for name in CHECKERS:
+        getattr(ex, name)(stub)
+    ex.check_shift_change(shift_ok)
+    ex.check_to_half_split(half_ok)
+    capsys.readouterr()
+    after_torch, after_np = torch.rand(3), np.random.random(3)  # noqa: NPY002
+    torch.manual_seed(7)
+    np.random.seed(7)  # noqa: NPY002
+    assert torch.equal(after_torch, torch.rand(3))
+    assert np.array_equal(after_np, np.random.random(3))  # noqa: NPY002

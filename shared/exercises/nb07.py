@@ -51,7 +51,8 @@ def check_rotate_pair(rotate_pair):
     ]
     for pair, angle in cases:
         pair_in, angle_in = pair.clone(), angle.clone()
-        got = _arr(_call(rotate_pair, pair_in, angle_in, name="rotate_pair"), "the rotated pair")
+        got = _arr(_call(rotate_pair, pair_in, angle_in, name="rotate_pair", copy=False),
+                   "the rotated pair")
         if not (torch.equal(pair_in, pair) and torch.equal(angle_in, angle)):
             raise _Wrong("rotate_pair changed its inputs in place; build a new tensor instead "
                          "(e.g. torch.stack((x_new, y_new), dim=-1))")
@@ -198,7 +199,8 @@ def check_to_half_split(to_half_split):
     for d_in, H, hd in ((8, 2, 4), (3, 3, 6), (5, 2, 4), (6, 1, 8)):
         W = rng.normal(size=(d_in, H * hd))
         W_in = torch.from_numpy(W.copy())
-        got = _arr(_call(to_half_split, W_in, H, name="to_half_split"), "the converted W")
+        got = _arr(_call(to_half_split, W_in, H, name="to_half_split", copy=False),
+                   "the converted W")
         if not np.array_equal(W_in.numpy(), W):
             raise _Wrong("to_half_split changed W in place; return a reordered copy "
                          "(W[:, order] makes one)")

@@ -134,7 +134,6 @@ def _check_x(name: str, x, d_in: int, context_length: int | None = None,
 def _check_mask(mask, shape: tuple, device: torch.device) -> None:
     """Raise a clear TypeError/ValueError unless ``mask`` is a boolean tensor on ``device``,
     either 4-D broadcastable to ``shape`` = ``(B, num_heads, T_q, T_k)`` or 2-D ``(T_q, T_k)``."""
-    B, H, T_q, T_k = shape
     if not isinstance(mask, torch.Tensor):
         raise TypeError(f"mask must be a boolean torch.Tensor (True = may attend); got "
                         f"{type(mask).__name__}")

@@ -386,6 +386,11 @@ def _default_model() -> MiniLM:
     return load_minilm()
 
 
+@functools.lru_cache(maxsize=1)
+def _default_tokenizer():
+    return load_tokenizer()
+
+
 # --------------------------------------------------------------------------------------------
 # Sentences in, embeddings out
 # --------------------------------------------------------------------------------------------
@@ -413,7 +418,7 @@ def tokenize(sentences, tokenizer=None):
     Returns ``(input_ids, attention_mask, tokens)``: ``(N, T)`` int64, ``(N, T)`` bool (True = a
     real token, False = ``[PAD]``) and, per sentence, its list of ``T`` token strings."""
     sentences = _check_sentences(sentences)
-    tokenizer = tokenizer if tokenizer is not None else _default_model().tokenizer
+    tokenizer = tokenizer if tokenizer is not None else _default_tokenizer()
     encodings = tokenizer.encode_batch(sentences)
     input_ids = torch.tensor([e.ids for e in encodings], dtype=torch.int64)
     attention_mask = torch.tensor([e.attention_mask for e in encodings], dtype=torch.bool)

@@ -131,6 +131,27 @@ def _check_x(name: str, x, d_in: int, context_length: int | None = None,
         )
 
 
+def _check_mask(mask, shape: tuple, device: torch.device) -> None:
+    """Raise a clear TypeError/ValueError unless ``mask`` is a boolean tensor on ``device``,
+    either 4-D broadcastable to ``shape`` = ``(B, num_heads, T_q, T_k)`` or 2-D ``(T_q, T_k)``."""
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"mask must be a boolean torch.Tensor (True = may attend); got "
+                        f"{type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        raise TypeError(f"mask must be boolean (True = may attend); got dtype {mask.dtype} "
+                        "(convert a 0/1 mask with mask.bool())")
+    ok = mask.ndim in (2, 4) and all(
+        m in (1, n) for m, n in zip(mask.shape[::-1], shape[::-1], strict=False))
+    if not ok:
+        raise ValueError(
+            f"mask of shape {tuple(mask.shape)} does not broadcast to (B, num_heads, T_q, T_k) = "
+            f"{shape}; it must be 4-D (or 2-D (T_q, T_k)): a key-padding mask (B, T_k) goes in "
+            "as mask[:, None, None, :]")
+    if mask.device != device:
+        raise ValueError(f"mask is on {mask.device} but x is on {device}; move it with "
+                         ".to(x.device)")
+
+
 def _causal_buffer(context_length: int) -> torch.Tensor:
     """``(context_length, context_length)`` boolean lower triangle: True = may attend."""
     return torch.ones(context_length, context_length, dtype=torch.bool).tril()
@@ -307,8 +328,14 @@ class MultiHeadAttention(nn.Module):
         return t.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
 
     def forward(self, x: torch.Tensor, x_kv: torch.Tensor | None = None,
-                return_weights: bool = False):
+                return_weights: bool = False, mask: torch.Tensor | None = None):
         """Shapes: x ``(B, T_q, d_in)``; x_kv ``(B, T_k, d_in)`` (default: ``x``, self-attention).
+
+        ``mask`` (optional): boolean, True = may attend, either 4-D broadcastable to
+        ``(B, num_heads, T_q, T_k)`` or 2-D ``(T_q, T_k)``. A key-padding mask ``(B, T_k)``
+        (True = a real token) goes in as ``mask[:, None, None, :]``. With ``causal=True`` a key
+        must be allowed by both masks; a query allowed no key gets zero weights and output
+        ``out_proj.bias``.
 
         Returns ``out`` ``(B, T_q, d_out)``, or ``(out, weights)`` with weights
         ``(B, num_heads, T_q, T_k)`` (after dropout) when ``return_weights``.
@@ -328,8 +355,11 @@ class MultiHeadAttention(nn.Module):
         Q = self._split_heads(self.W_query(x))  # (B, T_q, d_out) -> (B, H, T_q, head_dim)
         K = self._split_heads(self.W_key(x_kv))  # (B, H, T_k, head_dim)
         V = self._split_heads(self.W_value(x_kv))  # (B, H, T_k, head_dim)
-        mask = self.mask[:T_q, :T_k] if self.causal else None
-        weights = attention_weights(Q, K, mask=mask)  # (B, H, T_q, T_k)
+        allowed = self.mask[:T_q, :T_k] if self.causal else None
+        if mask is not None:
+            _check_mask(mask, (B, self.num_heads, T_q, T_k), x.device)
+            allowed = mask if allowed is None else allowed & mask
+        weights = attention_weights(Q, K, mask=allowed)  # (B, H, T_q, T_k)
         weights = self.dropout(weights)
         context = weights @ V  # (B, H, T_q, head_dim)
         # (B, H, T_q, head_dim) -> (B, T_q, H, head_dim) -> (B, T_q, d_out): heads side by side

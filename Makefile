@@ -12,6 +12,10 @@ NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize
 # Two workers, one per core, each taking whole files (nbval needs a notebook's cells in order).
 # Measured on the 2-core machine: full `make test` 131 s with it vs 151 s without.
 XDIST  := -n 2 --dist loadscope
+# Tests run two workers on two cores, each starting kernels: one math thread per process keeps them
+# from oversubscribing the cores (with two threads each, small torch ops wait on busy threads and
+# take many times longer). Printed results do not depend on it; `make lab` keeps torch's default.
+ONE_THREAD := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 # Same seeds, same hashing, no stray browser or GUI backends in the kernels that tests start.
 export PYTHONHASHSEED := 0
 export MPLBACKEND     := module://matplotlib_inline.backend_inline
@@ -51,16 +55,16 @@ lab: $(STAMP)  ## start JupyterLab on notebooks/ (localhost only, with its acces
 # The browser test runs when a Chromium and its driver are found (else it is skipped, saying how to
 # enable it); with CI=true it is required. `make browser` installs Debian's; CI calls it first.
 test: $(STAMP)  ## unit tests, every notebook through strict nbval, browser/Colab/Binder/site tests
-	$(BIN)/python -m pytest $(XDIST) $(NBVAL) tests notebooks
+	$(ONE_THREAD) $(BIN)/python -m pytest $(XDIST) $(NBVAL) tests notebooks
 
 unit: $(STAMP)  ## unit tests only (fast; no browser)
-	$(BIN)/python -m pytest tests --ignore=tests/test_ui.py
+	$(ONE_THREAD) $(BIN)/python -m pytest tests --ignore=tests/test_ui.py
 
 nbval: $(STAMP)  ## notebooks only, through strict nbval
-	$(BIN)/python -m pytest $(XDIST) $(NBVAL) notebooks
+	$(ONE_THREAD) $(BIN)/python -m pytest $(XDIST) $(NBVAL) notebooks
 
 durations: $(STAMP)  ## run every notebook through nbval and print the seconds each takes (the README table)
-	$(BIN)/python -m pytest $(XDIST) $(NBVAL) -q notebooks
+	$(ONE_THREAD) $(BIN)/python -m pytest $(XDIST) $(NBVAL) -q notebooks
 	@cat .artifacts/nbval-times.md
 
 execute: $(STAMP)  ## re-run notebooks in place, top to bottom, in a fresh kernel (NB=... to pick)

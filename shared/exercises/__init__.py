@@ -28,10 +28,11 @@ The exercises, by notebook (the checker names say what they check):
   ``check_block_size``.
 * 07: ``check_rotate_pair``, ``check_shift_change``, ``check_to_half_split``,
   ``check_alibi_mass_beyond``.
+* 08: ``check_decode_step``, ``check_cache_bytes``, ``check_window_mask``, ``check_expand_kv``.
 * 09: ``check_weight_name``, ``check_head_weights``, ``check_padding_mask``.
 
-Notebooks 01 and 03 pass NumPy arrays to the learner's functions; 02, 04 and 05 pass PyTorch
-tensors (so does 09). Answers may be either (they are converted for comparison).
+Notebooks 01 and 03 pass NumPy arrays to the learner's functions; the others pass PyTorch
+tensors. Answers may be either (they are converted for comparison).
 """
 
 from __future__ import annotations
@@ -49,8 +50,10 @@ from .nb05 import *  # noqa: F403
 from .nb05 import __all__ as _nb05
 from .nb07 import *  # noqa: F403
 from .nb07 import __all__ as _nb07
+from .nb08 import *  # noqa: F403
+from .nb08 import __all__ as _nb08
 from .nb09 import *  # noqa: F403
 from .nb09 import __all__ as _nb09
 
 __all__ = ["CheckResult", "CORRECT", "NOT_ATTEMPTED", "NOT_QUITE",
-           *_nb01, *_nb02, *_nb03, *_nb04, *_nb05, *_nb07, *_nb09]
+           *_nb01, *_nb02, *_nb03, *_nb04, *_nb05, *_nb07, *_nb08, *_nb09]

@@ -86,7 +86,7 @@ def check_rotate_pair(rotate_pair):
 
 
 # --------------------------------------------------------------------------------------------
-# 7.2 A numerical proof: shift every position, measure how much the scores move
+# 7.2 A numerical test: shift every position, measure how much the scores move
 # --------------------------------------------------------------------------------------------
 def _positions(p) -> torch.Tensor:
     t = torch.as_tensor(np.asarray(p.detach().cpu() if isinstance(p, torch.Tensor) else p))

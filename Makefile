@@ -72,7 +72,7 @@ execute: $(STAMP)  ## re-run notebooks in place, top to bottom, in a fresh kerne
 	  --ExecutePreprocessor.kernel_name=python3 --ExecutePreprocessor.timeout=600 $(NB)
 
 lint: $(STAMP)  ## ruff over shared/, tests/, tools/ and the notebooks
-	$(BIN)/ruff check shared tests tools notebooks
+	$(BIN)/ruff check shared tests tools notebooks conftest.py
 
 stamp:  ## re-stamp every notebook's Colab badge and setup cell from pyproject.toml [tool.course]
 	$(PYTHON) -m tools.course

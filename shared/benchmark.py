@@ -17,6 +17,7 @@ import os
 import platform
 import statistics
 import sys
+import timeit
 import warnings
 from collections.abc import Callable, Iterator
 
@@ -37,6 +38,7 @@ __all__ = [
     "peak_memory",
     "cpu_peak_memory",
     "aten_ops",
+    "operation_count",
     "sdpa_backends",
     "machine_info",
     "SimulatedGPU",
@@ -83,23 +85,29 @@ def time_fn(fn: Callable[[], object], device="cpu", min_run_time: float = 0.2) -
     """Median seconds per call of ``fn()``, measured with ``torch.utils.benchmark``.
 
     ``Timer.blocked_autorange`` warms up, picks how many calls make one block, repeats blocks for
-    at least ``min_run_time`` seconds and returns their statistics; CUDA is synchronised by the
-    timer itself, MPS by a synchronize after each call. The Timer runs ``fn`` with
-    ``num_threads=torch.get_num_threads()``, the threads PyTorch uses outside the timer (its own
-    default, one thread, would make every CPU figure single-threaded)."""
+    at least ``min_run_time`` seconds and returns their statistics. Its clock synchronises the
+    device before every reading: the Timer's own default clock does so for CUDA (and, in recent
+    PyTorch, for every accelerator); on MPS we pass a synchronising clock, since older versions
+    do not. The Timer runs ``fn`` with ``num_threads=torch.get_num_threads()``, the threads
+    PyTorch uses outside the timer (its own default, one thread, would make every CPU figure
+    single-threaded)."""
     _check_callable(fn)
     if min_run_time <= 0:
         raise ValueError(f"min_run_time must be positive; got {min_run_time}")
-    device = torch.device(device)
-    if device.type == "mps":
-        stmt, env = "fn(); sync(device)", {"fn": fn, "sync": synchronize, "device": device}
-    else:
-        stmt, env = "fn()", {"fn": fn}
     from torch.utils import benchmark  # imported here: importing it costs half a second
 
+    device = torch.device(device)
+    kwargs = {}
+    if device.type == "mps":
+        def synchronised_clock() -> float:
+            synchronize(device)
+            return timeit.default_timer()
+
+        kwargs["timer"] = synchronised_clock
     fn()  # warm-up outside the measurement (first calls allocate and pick kernels)
     synchronize(device)
-    timer = benchmark.Timer(stmt=stmt, globals=env, num_threads=torch.get_num_threads())
+    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads(),
+                            **kwargs)
     return timer.blocked_autorange(min_run_time=min_run_time).median
 
 
@@ -236,6 +244,28 @@ def aten_ops(fn: Callable[[], object], prefix: str = "aten::") -> list[str]:
     with _quiet_stderr(), torch.profiler.profile() as prof:
         fn()
     return sorted({e.key for e in prof.key_averages() if e.key.startswith(prefix)})
+
+
+def operation_count(fn: Callable[[], object]) -> int:
+    """How many PyTorch operations that compute something ``fn()`` runs: the ATen operators that
+    reach a device kernel, seen through a ``TorchDispatchMode`` (views such as slicing and
+    ``transpose`` and bare allocations (``empty``) are not counted). On a GPU each counted
+    operation is at least one kernel launch."""
+    _check_callable(fn)
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            if not func.is_view and name not in ("empty", "empty_strided", "empty_like"):
+                _Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    with _Count():
+        fn()
+    return _Count.n
 
 
 def peak_memory(fn: Callable[[], object], device="cpu") -> int | None:

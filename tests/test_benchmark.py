@@ -25,6 +25,7 @@ from shared.benchmark import (
     naive_peak_bytes,
     naive_score_bytes,
     numpy_threads,
+    operation_count,
     peak_memory,
     pick_device,
     sdpa_backend_times,
@@ -283,3 +284,17 @@ def test_bench_smoke_run_writes_markdown_and_survives_oom(tmp_path, monkeypatch)
     assert "| 16 | no | SDPA |" in text and "| 32 | no | SDPA |" in text
     assert f"num_threads = torch.get_num_threads()` = {torch.get_num_threads()}" in text
     assert "## SDPA backends" in text and "| float32 | yes | no | no | yes | flash |" in text
+
+
+def test_operation_count_counts_computing_operators():
+    a = torch.ones(3, 3)
+    assert operation_count(lambda: a @ a) == 1  # one mm
+    assert operation_count(lambda: (a + 1) * 2) == 2
+    assert operation_count(lambda: a.t()[1:]) == 0  # views compute nothing
+    assert operation_count(lambda: None) == 0
+    from shared.flash import tiled_attention
+
+    q = torch.randn(1, 1, 8, 2)
+    one_tile = operation_count(lambda: tiled_attention(q, q, q, block_size=8))
+    four_tiles = operation_count(lambda: tiled_attention(q, q, q, block_size=4))
+    assert 10 <= (four_tiles - one_tile) / 3 <= 25  # about fifteen operations per extra tile

@@ -1,9 +1,13 @@
-"""Measuring attention: device, timing, FLOP counts, peak memory and the machine's description.
+"""Measuring attention: device, timing, FLOP counts, bandwidth, peak memory, SDPA backends and the
+machine's description.
 
 Used by notebook 05 and by ``make bench`` (``tools/bench.py``). Every time in the course comes from
-``torch.utils.benchmark`` (warm-up, synchronisation of CUDA kernels, repeated blocks, median);
-:func:`interleaved_medians` runs several candidates in turns so a noisy, shared machine slows all of
-them alike, and quotes the median over the rounds.
+``torch.utils.benchmark`` (warm-up, synchronisation of CUDA kernels, repeated blocks, median) and
+runs with the number of threads PyTorch itself uses (``torch.get_num_threads()``; the Timer's own
+default would be one thread). :func:`interleaved_medians` runs several candidates in turns so a
+noisy, shared machine slows all of them alike, and quotes the median over the rounds.
+:class:`SimulatedGPU` is a pretend asynchronous device with a virtual clock, for showing (and
+checking) what synchronisation changes on a machine without a GPU.
 """
 
 from __future__ import annotations
@@ -13,11 +17,12 @@ import os
 import platform
 import statistics
 import sys
+import timeit
+import warnings
 from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
-from torch.utils import benchmark
 
 __all__ = [
     "pick_device",
@@ -29,11 +34,23 @@ __all__ = [
     "gflops",
     "matmul_gflops",
     "naive_score_bytes",
+    "attention_bytes",
     "peak_memory",
     "cpu_peak_memory",
     "aten_ops",
+    "operation_count",
     "sdpa_backends",
     "machine_info",
+    "SimulatedGPU",
+    "sdpa_kernel_used",
+    "sdpa_backend_times",
+    "memory_bandwidth",
+    "device_memory_bytes",
+    "naive_peak_bytes",
+    "fits_in_memory",
+    "is_out_of_memory",
+    "dtype_works",
+    "numpy_threads",
 ]
 
 
@@ -68,19 +85,29 @@ def time_fn(fn: Callable[[], object], device="cpu", min_run_time: float = 0.2) -
     """Median seconds per call of ``fn()``, measured with ``torch.utils.benchmark``.
 
     ``Timer.blocked_autorange`` warms up, picks how many calls make one block, repeats blocks for
-    at least ``min_run_time`` seconds and returns their statistics; CUDA is synchronised by the
-    timer itself, MPS by a synchronize after each call."""
+    at least ``min_run_time`` seconds and returns their statistics. Its clock synchronises the
+    device before every reading: the Timer's own default clock does so for CUDA (and, in recent
+    PyTorch, for every accelerator); on MPS we pass a synchronising clock, since older versions
+    do not. The Timer runs ``fn`` with ``num_threads=torch.get_num_threads()``, the threads
+    PyTorch uses outside the timer (its own default, one thread, would make every CPU figure
+    single-threaded)."""
     _check_callable(fn)
     if min_run_time <= 0:
         raise ValueError(f"min_run_time must be positive; got {min_run_time}")
+    from torch.utils import benchmark  # imported here: importing it costs half a second
+
     device = torch.device(device)
+    kwargs = {}
     if device.type == "mps":
-        stmt, env = "fn(); sync(device)", {"fn": fn, "sync": synchronize, "device": device}
-    else:
-        stmt, env = "fn()", {"fn": fn}
+        def synchronised_clock() -> float:
+            synchronize(device)
+            return timeit.default_timer()
+
+        kwargs["timer"] = synchronised_clock
     fn()  # warm-up outside the measurement (first calls allocate and pick kernels)
     synchronize(device)
-    timer = benchmark.Timer(stmt=stmt, globals=env)
+    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads(),
+                            **kwargs)
     return timer.blocked_autorange(min_run_time=min_run_time).median
 
 
@@ -136,7 +163,9 @@ def gflops(flops: float, seconds: float) -> float:
 def matmul_gflops(n: int = 2048, device="cpu", dtype=torch.float32,
                   min_run_time: float = 0.3) -> float:
     """GFLOP/s of one ``(n, n) @ (n, n)`` matrix multiply (``2 n^3`` operations) on ``device``:
-    what the machine's BLAS reaches, the ceiling for attention built from matrix products."""
+    a reference point for what the machine's matrix library reaches. It is not a ceiling: a fused
+    attention kernel may use faster paths than this one multiply (on CUDA, TF32 tensor cores for
+    float32, which ``torch.matmul`` uses only when ``torch.backends.cuda.matmul.allow_tf32``)."""
     gen = torch.Generator().manual_seed(0)
     a = torch.randn(n, n, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
     b = torch.randn(n, n, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
@@ -148,6 +177,21 @@ def naive_score_bytes(B: int, H: int, T_q: int, T_k: int, dtype=torch.float32) -
 
     Naive attention holds at least one such buffer (the scores, then the weights)."""
     return B * H * T_q * T_k * torch.empty((), dtype=dtype).element_size()
+
+
+def attention_bytes(B: int, H: int, T_q: int, T_k: int, head_dim: int, dtype=torch.float32,
+                    fused: bool = True) -> int:
+    """Bytes attention must move between the device's main memory and its compute units, at
+    least: a fused kernel reads Q ``(B, H, T_q, d)``, K and V ``(B, H, T_k, d)`` and writes the
+    output ``(B, H, T_q, d)`` once. An unfused one (``fused=False``) also writes the scores,
+    reads them for the softmax, writes the weights and reads them again for ``P @ V``: four more
+    passes over ``B * H * T_q * T_k`` elements. FLOPs divided by these bytes is the arithmetic
+    intensity of the roofline model."""
+    element = torch.empty((), dtype=dtype).element_size()
+    io = B * H * (2 * T_q + 2 * T_k) * head_dim
+    if not fused:
+        io += 4 * B * H * T_q * T_k
+    return io * element
 
 
 @contextlib.contextmanager
@@ -202,6 +246,28 @@ def aten_ops(fn: Callable[[], object], prefix: str = "aten::") -> list[str]:
     return sorted({e.key for e in prof.key_averages() if e.key.startswith(prefix)})
 
 
+def operation_count(fn: Callable[[], object]) -> int:
+    """How many PyTorch operations that compute something ``fn()`` runs: the ATen operators that
+    reach a device kernel, seen through a ``TorchDispatchMode`` (views such as slicing and
+    ``transpose`` and bare allocations (``empty``) are not counted). On a GPU each counted
+    operation is at least one kernel launch."""
+    _check_callable(fn)
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            if not func.is_view and name not in ("empty", "empty_strided", "empty_like"):
+                _Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    with _Count():
+        fn()
+    return _Count.n
+
+
 def peak_memory(fn: Callable[[], object], device="cpu") -> int | None:
     """Peak bytes allocated by ``fn()`` on ``device`` beyond what was allocated before it.
 
@@ -220,37 +286,211 @@ def peak_memory(fn: Callable[[], object], device="cpu") -> int | None:
     return None
 
 
-def sdpa_backends(device="cpu") -> dict[str, bool]:
-    """Which ``F.scaled_dot_product_attention`` backends run here: ``{name: works}``.
+SDPA_BACKENDS = ("flash", "mem_efficient", "cudnn", "math")
 
-    Each backend is forced in turn with ``torch.nn.attention.sdpa_kernel`` on a small float32
-    (and, on a GPU, float16) problem; a backend that cannot serve it raises, which counts as
-    unavailable."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    device = torch.device(device)
-    names = {
+def _sdpa_backend(name: str):
+    from torch.nn.attention import SDPBackend
+
+    return {
         "flash": SDPBackend.FLASH_ATTENTION,
         "mem_efficient": SDPBackend.EFFICIENT_ATTENTION,
-        "math": SDPBackend.MATH,
         "cudnn": SDPBackend.CUDNN_ATTENTION,
-    }
-    dtypes = [torch.float32] if device.type == "cpu" else [torch.float16, torch.float32]
+        "math": SDPBackend.MATH,
+    }[name]
+
+
+def sdpa_backends(device="cpu", dtype=torch.float32) -> dict[str, bool]:
+    """Which ``F.scaled_dot_product_attention`` backends can serve ``dtype`` on ``device``:
+    ``{name: usable}`` for flash, mem_efficient, cudnn and math.
+
+    Each backend is forced in turn with ``torch.nn.attention.sdpa_kernel`` on a small
+    ``(1, 2, 16, 64)`` problem; a backend that cannot serve it raises, which counts as unusable
+    (the warnings PyTorch prints about why are silenced). Eligibility also depends on the shapes,
+    masks and dropout of the real call: check the kernel that ran with :func:`sdpa_kernel_used`."""
+    from torch.nn.attention import sdpa_kernel
+
+    device = torch.device(device)
+    gen = torch.Generator().manual_seed(0)
+    try:
+        q = torch.randn(1, 2, 16, 64, generator=gen).to(device, dtype)
+    except (RuntimeError, TypeError):  # the dtype does not exist on this device
+        return dict.fromkeys(SDPA_BACKENDS, False)
     found = {}
-    for name, backend in names.items():
-        works = False
-        for dtype in dtypes:
-            gen = torch.Generator().manual_seed(0)
-            q = torch.randn(1, 2, 16, 64, generator=gen).to(device, dtype)
-            try:
-                with sdpa_kernel([backend]):
-                    F.scaled_dot_product_attention(q, q, q)
-                works = True
-                break
-            except RuntimeError:
-                continue
-        found[name] = works
+    for name in SDPA_BACKENDS:
+        try:
+            with warnings.catch_warnings(), sdpa_kernel([_sdpa_backend(name)]):
+                warnings.simplefilter("ignore")
+                F.scaled_dot_product_attention(q, q, q)
+            found[name] = True
+        except (RuntimeError, TypeError):
+            found[name] = False
     return found
+
+
+# The ATen operator each SDPA backend runs as, as the profiler names it.
+_SDPA_KERNEL_OPS = {
+    "aten::_scaled_dot_product_flash_attention_for_cpu": "flash",
+    "aten::_scaled_dot_product_flash_attention": "flash",
+    "aten::_scaled_dot_product_efficient_attention": "mem_efficient",
+    "aten::_scaled_dot_product_cudnn_attention": "cudnn",
+    "aten::_scaled_dot_product_attention_math": "math",
+    "aten::_scaled_dot_product_attention_math_for_mps": "math",
+    "aten::_scaled_dot_product_fused_attention_overrideable": "fused (device-specific)",
+}
+
+
+def sdpa_kernel_used(fn: Callable[[], object]) -> list[tuple[str, str]]:
+    """``[(backend, operator name), ...]`` for the SDPA kernels ``fn()`` actually ran, read from
+    ``torch.profiler``'s operator names (e.g. ``("flash",
+    "aten::_scaled_dot_product_flash_attention_for_cpu")``). Empty if ``fn`` ran none."""
+    ops = aten_ops(fn, prefix="aten::_scaled_dot_product")
+    return [(_SDPA_KERNEL_OPS[op], op) for op in ops if op in _SDPA_KERNEL_OPS]
+
+
+def sdpa_backend_times(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, causal: bool = False,
+                       min_run_time: float = 0.2) -> dict[str, float]:
+    """Median seconds per call of SDPA on ``Q, K, V`` with each backend forced in turn, for the
+    backends that accept these inputs (the others are left out): ``{name: seconds}``.
+
+    Shapes: Q ``(..., T_q, d_k)``, K ``(..., T_k, d_k)``, V ``(..., T_k, d_v)``, on one device."""
+    from torch.nn.attention import sdpa_kernel
+
+    times = {}
+    for name in SDPA_BACKENDS:
+        backend = _sdpa_backend(name)
+
+        def call(backend=backend):
+            with sdpa_kernel([backend]):
+                return F.scaled_dot_product_attention(Q, K, V, is_causal=causal)
+
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                call()
+                times[name] = time_fn(call, Q.device, min_run_time)
+        except (RuntimeError, TypeError) as err:
+            if is_out_of_memory(err):
+                raise
+    return times
+
+
+def memory_bandwidth(device="cpu", mib: int | None = None, min_run_time: float = 0.2) -> float:
+    """GB/s (10^9 bytes per second) that copying one large float32 tensor into another reaches on
+    ``device``: each copy reads and writes ``mib`` MiB (default 256 on a GPU, 64 on the CPU, far
+    larger than the caches), so it moves ``2 * mib`` MiB."""
+    device = torch.device(device)
+    if mib is None:
+        mib = 64 if device.type == "cpu" else 256
+    n = mib * 2**20 // 4
+    a = torch.ones(n, device=device)
+    b = torch.empty_like(a)
+    seconds = time_fn(lambda: b.copy_(a), device, min_run_time)
+    return 2 * a.numel() * a.element_size() / seconds / 1e9
+
+
+def device_memory_bytes(device="cpu") -> int:
+    """Bytes the device can still give out: CUDA's free memory (``torch.cuda.mem_get_info``),
+    MPS's recommended working-set size minus what it holds, else the CPU's available RAM."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    if device.type == "mps":
+        total = getattr(torch.mps, "recommended_max_memory", None)
+        if total is not None:
+            return int(total() - torch.mps.driver_allocated_memory())
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):  # not a POSIX system: assume 4 GiB
+        return 4 * 2**30
+
+
+def naive_peak_bytes(B: int, H: int, T_q: int, T_k: int, head_dim: int,
+                     dtype=torch.float32) -> int:
+    """What naive attention needs at its peak, as measured in notebook 05: three score-sized
+    buffers (scores, weights, their masked-row cleanup) and the output ``(B, H, T_q, head_dim)``."""
+    element = torch.empty((), dtype=dtype).element_size()
+    return 3 * naive_score_bytes(B, H, T_q, T_k, dtype) + B * H * T_q * head_dim * element
+
+
+def fits_in_memory(nbytes: int, device="cpu", fraction: float = 0.5) -> bool:
+    """Whether ``nbytes`` is at most ``fraction`` of what :func:`device_memory_bytes` reports."""
+    return nbytes <= fraction * device_memory_bytes(device)
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """True for a device's out-of-memory error: ``torch.OutOfMemoryError`` (CUDA) or the
+    RuntimeError MPS and the CPU allocator raise ("out of memory", "can't allocate memory")."""
+    if isinstance(err, torch.OutOfMemoryError | MemoryError):
+        return True
+    text = str(err).lower()
+    return isinstance(err, RuntimeError) and (
+        "out of memory" in text or "can't allocate memory" in text or "not enough memory" in text
+    )
+
+
+def dtype_works(device="cpu", dtype=torch.bfloat16) -> bool:
+    """Whether ``F.scaled_dot_product_attention`` runs in ``dtype`` on ``device`` (bfloat16 needs
+    macOS 14 or later on Apple's MPS, for example)."""
+    try:
+        q = torch.zeros(1, 1, 4, 8).to(torch.device(device), dtype)
+        F.scaled_dot_product_attention(q, q, q)
+        return True
+    except (RuntimeError, TypeError):
+        return False
+
+
+def numpy_threads() -> int | None:
+    """The number of threads NumPy's BLAS uses now (via ``threadpoolctl``), or None if unknown."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return None
+    blas = [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
+    return max(blas) if blas else None
+
+
+class SimulatedGPU:
+    """A pretend asynchronous device with a virtual clock, for timing lessons without a GPU.
+
+    ``launch()`` costs the host ``launch_s`` seconds and queues one kernel, which runs for
+    ``first_s`` the first time (allocation, kernel selection) and ``kernel_s`` after that, once
+    the kernels queued before it have finished. ``synchronize()`` waits (moves the clock on) until
+    the queue is empty; ``clock()`` reads the host's time. ``log`` records every event in order:
+    ``("launch", n)`` for the n-th launch, ``("sync",)`` and ``("clock", t, busy)`` with
+    ``busy`` True when unfinished kernels were queued at that read."""
+
+    def __init__(self, kernel_s: float = 2e-3, first_s: float = 50e-3, launch_s: float = 5e-6):
+        self.kernel_s, self.first_s, self.launch_s = kernel_s, first_s, launch_s
+        self.now = 0.0
+        self.busy_until = 0.0
+        self.calls = 0
+        self.log: list[tuple] = []
+
+    @property
+    def busy(self) -> bool:
+        """Are kernels still queued or running?"""
+        return self.busy_until > self.now
+
+    def launch(self, *args, **kwargs) -> None:
+        self.now += self.launch_s
+        start = max(self.now, self.busy_until)
+        self.busy_until = start + (self.first_s if self.calls == 0 else self.kernel_s)
+        self.calls += 1
+        self.log.append(("launch", self.calls))
+
+    def synchronize(self) -> None:
+        self.now = max(self.now, self.busy_until)
+        self.log.append(("sync",))
+
+    def clock(self) -> float:
+        self.log.append(("clock", self.now, self.busy))
+        return self.now
+
+    def synchronized_clock(self) -> float:
+        """``synchronize()`` then ``clock()``: what ``torch.utils.benchmark`` reads on CUDA."""
+        self.synchronize()
+        return self.clock()
 
 
 def _cpu_model() -> str:
@@ -273,7 +513,8 @@ def machine_info(device="cpu") -> dict[str, str]:
         "device": device.type,
         "cpu": _cpu_model(),
         "cpu cores (os.cpu_count)": str(os.cpu_count()),
-        "torch threads": str(torch.get_num_threads()),
+        "torch threads (used by every timing)": str(torch.get_num_threads()),
+        "NumPy BLAS threads": str(numpy_threads()),
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else (
             "Apple GPU (MPS)" if device.type == "mps" else "none"),
         "python": platform.python_version(),

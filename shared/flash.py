@@ -9,10 +9,25 @@ blocks of ``block_size`` columns. Per query row three running quantities are kep
 * ``acc``: the sum of ``exp(score - m) * v`` over the keys seen so far.
 
 When a new key block raises the maximum from ``m_old`` to ``m_new``, the old ``l`` and ``acc`` are
-rescaled by ``exp(m_old - m_new)``; after the last block the output is ``acc / l``. Only one
-``(block_size, block_size)`` score tile per batch entry exists at a time, so the extra memory grows
-with ``T * block_size`` instead of ``T * T``. With ``causal=True`` key blocks entirely above the
-diagonal are skipped and only the blocks the diagonal crosses are masked.
+rescaled by ``exp(m_old - m_new)``; after the last block the output is ``acc / l``. With
+``causal=True`` key blocks entirely above the diagonal are skipped and only the blocks the diagonal
+crosses are masked.
+
+Memory: besides the output ``(..., T_q, d_v)``, what exists at any moment is one
+``(N, block_size, block_size)`` score tile, where ``N`` is the product of the batch dimensions
+(batch x heads), plus per query block the scaled queries ``(N, block_size, d_k)``, the accumulator
+``(N, block_size, d_v)`` and ``m``, ``l`` ``(N, block_size, 1)``. None of it grows with ``T``.
+(Inputs whose batch dimensions must be broadcast, or that are not contiguous, are first copied
+into one ``(N, T, d)`` tensor each: linear in ``T``.)
+
+Precision: like real FlashAttention kernels, the scores, ``m``, ``l`` and ``acc`` are kept in
+float32 when the inputs are float16 or bfloat16 (each tile of Q, K and V is converted as it is
+used); only the final output is rounded to the inputs' dtype. float32 and float64 inputs are
+computed in their own dtype.
+
+A query that may attend to nothing (its row of ``mask`` is all False) gets a zero output, never
+NaN: a row whose scores so far are all ``-inf`` is rescaled by 0 instead of
+``exp(-inf - (-inf)) = nan``, and ``acc / l`` with ``l = 0`` is taken as 0.
 """
 
 from __future__ import annotations
@@ -55,22 +70,45 @@ def _check_inputs(Q, K, V, causal, block_size) -> None:
         raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
 
 
+def _check_mask(mask, batch, T_q: int, T_k: int, device) -> None:
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        got = f"dtype {mask.dtype}" if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise TypeError(f"mask must be a boolean torch.Tensor (True = may attend); got {got}")
+    target = (*batch, T_q, T_k)
+    try:
+        ok = torch.broadcast_shapes(mask.shape, target) == target
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"mask of shape {tuple(mask.shape)} does not broadcast to the scores' shape "
+            f"{target} (..., T_q, T_k)"
+        )
+    if mask.device != device:
+        raise ValueError(f"mask must be on the inputs' device {device}; got {mask.device}")
+
+
 def tiled_attention(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, causal: bool = False,
-                    block_size: int = DEFAULT_BLOCK_SIZE) -> torch.Tensor:
+                    block_size: int = DEFAULT_BLOCK_SIZE,
+                    mask: torch.Tensor | None = None) -> torch.Tensor:
     """``softmax(Q K^T / sqrt(d_k)) V`` computed block by block with an online softmax.
 
     Shapes:
         Q ``(..., T_q, d_k)``, K ``(..., T_k, d_k)``, V ``(..., T_k, d_v)``; the leading (batch)
         dimensions broadcast. ``T_q`` may differ from ``T_k``; ``block_size`` need not divide
         either. ``causal=True`` lets query ``i`` attend to keys ``j <= i`` (aligned top-left,
-        like ``F.scaled_dot_product_attention(is_causal=True)``).
+        like ``F.scaled_dot_product_attention(is_causal=True)``). ``mask``: boolean,
+        broadcastable to ``(..., T_q, T_k)``, True = may attend (combined with ``causal`` by
+        AND), like SDPA's boolean ``attn_mask``.
 
     Returns:
-        The output ``(..., T_q, d_v)`` in the inputs' dtype (the weights are never formed).
+        The output ``(..., T_q, d_v)`` in the inputs' dtype (the weights are never formed). A
+        query that may attend to nothing gets a zero output.
 
     Raises:
-        TypeError for non-tensors, non-float or mixed dtypes; ValueError for mismatched shapes,
-        empty sequences or a non-positive ``block_size``.
+        TypeError for non-tensors, non-float or mixed dtypes, a non-boolean mask; ValueError for
+        mismatched shapes, empty sequences, a non-positive ``block_size`` or a mask that does
+        not broadcast.
     """
     _check_inputs(Q, K, V, causal, block_size)
     try:
@@ -82,11 +120,15 @@ def tiled_attention(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, causal: b
         ) from None
     T_q, d_k = Q.shape[-2:]
     T_k, d_v = V.shape[-2:]
+    if mask is not None:
+        _check_mask(mask, batch, T_q, T_k, Q.device)
     # Flatten the batch dimensions into one so every step is a single batched matmul (bmm).
     q = Q.expand(*batch, T_q, d_k).reshape(-1, T_q, d_k)
     k = K.expand(*batch, T_k, d_k).reshape(-1, T_k, d_k)
     v = V.expand(*batch, T_k, d_v).reshape(-1, T_k, d_v)
     N = q.shape[0]
+    # float16/bfloat16 -> float32 for everything that is summed; float32/float64 stay as they are.
+    acc_dtype = torch.promote_types(Q.dtype, torch.float32)
     scale = 1.0 / math.sqrt(d_k)
     kT = k.transpose(1, 2)  # (N, d_k, T_k), a view: bmm reads it without a copy
     out = torch.empty(N, T_q, d_v, dtype=Q.dtype, device=Q.device)
@@ -94,24 +136,40 @@ def tiled_attention(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, causal: b
 
     for q0 in range(0, T_q, block_size):
         q1 = min(q0 + block_size, T_q)
-        q_blk = q[:, q0:q1] * scale  # scale the small query block, not the big score tile
-        m = torch.full((N, q1 - q0, 1), neg_inf, dtype=Q.dtype, device=Q.device)  # running max
-        l = torch.zeros((N, q1 - q0, 1), dtype=Q.dtype, device=Q.device)  # running sum
-        acc = torch.zeros((N, q1 - q0, d_v), dtype=Q.dtype, device=Q.device)  # running numerator
+        # scale the small query block, not the big score tile
+        q_blk = q[:, q0:q1].to(acc_dtype) * scale
+        m = torch.full((N, q1 - q0, 1), neg_inf, dtype=acc_dtype, device=Q.device)  # running max
+        l = torch.zeros((N, q1 - q0, 1), dtype=acc_dtype, device=Q.device)  # running sum
+        acc = torch.zeros((N, q1 - q0, d_v), dtype=acc_dtype, device=Q.device)  # running numerator
         # Causal: keys k0 > q1 - 1 are masked for every query of this block -> skip them.
         k_end = min(T_k, q1) if causal else T_k
         for k0 in range(0, k_end, block_size):
             k1 = min(k0 + block_size, k_end)
-            s = torch.bmm(q_blk, kT[:, :, k0:k1])  # (N, bq, bk) scores of this tile
+            s = torch.bmm(q_blk, kT[:, :, k0:k1].to(acc_dtype))  # (N, bq, bk) scores of this tile
+            blocked = None
+            if mask is not None:
+                tile = mask[..., q0:q1, k0:k1]
+                blocked = ~tile.expand(*batch, q1 - q0, k1 - k0).reshape(N, q1 - q0, k1 - k0)
             if causal and k1 - 1 > q0:  # the diagonal crosses this tile: mask keys above it
                 above = torch.ones(q1 - q0, k1 - k0, dtype=torch.bool, device=Q.device)
-                s.masked_fill_(above.triu_(diagonal=q0 - k0 + 1), neg_inf)
+                above.triu_(diagonal=q0 - k0 + 1)
+                blocked = above if blocked is None else blocked | above
+            if blocked is not None:
+                s.masked_fill_(blocked, neg_inf)
             m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
-            alpha = torch.exp(m - m_new)  # exp(m_old - m_new): rescales what was summed so far
-            s.sub_(m_new).exp_()  # p = exp(s - m_new), in place
+            # A row whose scores so far are all -inf (masked) has m_new = -inf, and
+            # exp(-inf - (-inf)) would be nan: measure from 0 instead, so its alpha and p are 0.
+            m_ref = torch.where(m_new == neg_inf, 0.0, m_new)
+            alpha = torch.exp(m - m_ref)  # exp(m_old - m_new): rescales what was summed so far
+            s.sub_(m_ref).exp_()  # p = exp(s - m_new), in place
             l.mul_(alpha).add_(s.sum(dim=-1, keepdim=True))
-            acc.mul_(alpha).baddbmm_(s, v[:, k0:k1])  # acc = alpha * acc + p @ V_blk
+            acc.mul_(alpha).baddbmm_(s, v[:, k0:k1].to(acc_dtype))  # acc = alpha * acc + p @ V_blk
             m = m_new
             del s  # free this tile before the next one is allocated: one tile alive at a time
-        torch.div(acc, l, out=out[:, q0:q1])  # normalise once, at the end
+        # Normalise once, at the end; a row that attended to nothing has l = 0 and acc = 0 -> 0.
+        l = torch.where(l > 0, l, 1.0)
+        if acc_dtype == out.dtype:
+            torch.div(acc, l, out=out[:, q0:q1])
+        else:
+            out[:, q0:q1] = acc.div_(l)  # rounded to the inputs' dtype only here
     return out.reshape(*batch, T_q, d_v)

@@ -454,3 +454,153 @@ class MultiHeadAttention(nn.Module):
         mha.out_proj.bias.copy_(self.out_proj.bias)
         mha.train(self.training)
         return mha
+
+
+# --------------------------------------------------------------------------------------------
+# One fused Q/K/V projection and PyTorch's SDPA: the GPT-2 / nanoGPT form (notebook 04)
+# --------------------------------------------------------------------------------------------
+class FusedQKVAttention(nn.Module):
+    """Multi-head self-attention as GPT-2 and nanoGPT write it: one projection ``c_attn``
+    ``(d_in -> 3 * d_out)`` makes Q, K and V side by side, ``F.scaled_dot_product_attention`` runs
+    every head at once, and ``c_proj`` ``(d_out -> d_out)`` mixes the heads.
+
+    ``c_attn.weight`` ``(3 * d_out, d_in)`` stacks ``MultiHeadAttention``'s ``W_query.weight``,
+    ``W_key.weight`` and ``W_value.weight`` (rows ``0:d_out``, ``d_out:2 d_out``,
+    ``2 d_out:3 d_out``), the layout of ``nn.MultiheadAttention.in_proj_weight``; head ``h`` owns
+    features ``h*head_dim:(h+1)*head_dim`` of each third. GPT-2's checkpoints (Hugging Face's
+    ``GPT2Attention``, keys ``h.{layer}.attn.*``) keep both layers as ``Conv1D``, whose weight is
+    stored ``(in, out)``, the transpose of ``nn.Linear``'s:
+
+    ==================  ===========  ========================
+    GPT-2 key           shape        here
+    ==================  ===========  ========================
+    ``c_attn.weight``   (d, 3d)      ``c_attn.weight.T``
+    ``c_attn.bias``     (3d,)        ``c_attn.bias``
+    ``c_proj.weight``   (d, d)       ``c_proj.weight.T``
+    ``c_proj.bias``     (d,)         ``c_proj.bias``
+    ==================  ===========  ========================
+
+    ``causal=True`` (GPT-style) lets query ``i`` see keys ``j <= i``; ``forward(x, mask=...)``
+    adds a boolean mask, True = may attend (SDPA's convention and the course's). Dropout acts on
+    the attention weights in ``train()`` mode, as SDPA's ``dropout_p``. SDPA does not return the
+    weights: use ``MultiHeadAttention`` to look at them.
+    """
+
+    def __init__(self, d_in: int, d_out: int, num_heads: int, dropout: float = 0.0,
+                 qkv_bias: bool = True, causal: bool = True):
+        super().__init__()
+        self.d_in = _check_positive_int("d_in", d_in)
+        self.d_out = _check_positive_int("d_out", d_out)
+        self.num_heads = _check_positive_int("num_heads", num_heads)
+        if d_out % num_heads:
+            raise ValueError(
+                f"d_out must be divisible by num_heads; got d_out = {d_out}, num_heads = "
+                f"{num_heads} (d_out % num_heads = {d_out % num_heads})"
+            )
+        self.head_dim = d_out // num_heads
+        self.causal = bool(causal)
+        self.dropout = _check_dropout(dropout)
+        self.c_attn = nn.Linear(d_in, 3 * d_out, bias=qkv_bias)  # [W_q; W_k; W_v] in one
+        self.c_proj = nn.Linear(d_out, d_out)  # the output projection W_o
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Shapes: x ``(B, T, d_in)``; mask boolean, broadcastable to ``(B, num_heads, T, T)``,
+        True = may attend (combined with the causal mask by AND).
+
+        Returns ``(B, T, d_out)``. A query that may attend to nothing gets a zero context vector
+        (so its output is ``c_proj``'s bias)."""
+        _check_x("x", x, self.d_in)
+        B, T, _ = x.shape
+        q, k, v = self.c_attn(x).split(self.d_out, dim=-1)  # 3 x (B, T, d_out)
+        q, k, v = (t.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
+                   for t in (q, k, v))  # (B, H, T, head_dim)
+        if mask is not None:
+            if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+                got = f"dtype {mask.dtype}" if isinstance(mask, torch.Tensor) else \
+                    type(mask).__name__
+                raise TypeError(f"mask must be a boolean tensor (True = may attend); got {got}")
+            if self.causal:
+                mask = mask & _causal_buffer(T).to(mask.device)
+        context = nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=self.causal and mask is None,
+            dropout_p=self.dropout if self.training else 0.0,
+        )  # (B, H, T, head_dim)
+        context = context.transpose(1, 2).reshape(B, T, self.d_out)  # heads side by side
+        return self.c_proj(context)
+
+    @torch.no_grad()
+    def load_from(self, other: nn.Module) -> FusedQKVAttention:
+        """Copy the weights of a ``MultiHeadAttention`` (``W_query``, ``W_key``, ``W_value``
+        stacked into ``c_attn``, ``out_proj`` into ``c_proj``) or of a
+        ``torch.nn.MultiheadAttention`` (``in_proj_*`` is ``c_attn``'s layout already) with the
+        same sizes and heads; return ``self``."""
+        if isinstance(other, MultiHeadAttention):
+            sizes = (other.d_in, other.d_out, other.num_heads)
+            lins = (other.W_query, other.W_key, other.W_value)
+            weight = torch.cat([lin.weight for lin in lins], dim=0)  # (3 d_out, d_in)
+            bias = None if other.W_query.bias is None else \
+                torch.cat([lin.bias for lin in lins])
+            out = other.out_proj
+        elif isinstance(other, nn.MultiheadAttention):
+            if not other._qkv_same_embed_dim or other.bias_k is not None:
+                raise ValueError("only nn.MultiheadAttention without kdim/vdim/add_bias_kv is "
+                                 "supported")
+            sizes = (other.embed_dim, other.embed_dim, other.num_heads)
+            weight, bias, out = other.in_proj_weight, other.in_proj_bias, other.out_proj
+        else:
+            raise TypeError("expected a MultiHeadAttention or a torch.nn.MultiheadAttention; got "
+                            f"{type(other).__name__}")
+        if sizes != (self.d_in, self.d_out, self.num_heads):
+            raise ValueError(
+                f"shape mismatch: the source has (d_in, d_out, num_heads) = {sizes}; this module "
+                f"has {(self.d_in, self.d_out, self.num_heads)}"
+            )
+        self.c_attn.weight.copy_(weight)
+        if self.c_attn.bias is not None:
+            self.c_attn.bias.copy_(bias if bias is not None else torch.zeros_like(self.c_attn.bias))
+        elif bias is not None and bias.abs().max() > 0:
+            raise ValueError("the source has non-zero Q/K/V biases but this module was built with "
+                             "qkv_bias=False; rebuild it with qkv_bias=True")
+        self.c_proj.weight.copy_(out.weight)
+        if out.bias is not None:
+            self.c_proj.bias.copy_(out.bias)
+        else:
+            self.c_proj.bias.zero_()
+        return self
+
+    @torch.no_grad()
+    def gpt2_state_dict(self) -> dict[str, torch.Tensor]:
+        """This module's weights under GPT-2's names and ``Conv1D`` layout (``(in, out)``
+        weights): ``c_attn.weight`` ``(d_in, 3 d_out)``, ``c_attn.bias``, ``c_proj.weight``
+        ``(d_out, d_out)``, ``c_proj.bias``. Needs ``qkv_bias=True``, as GPT-2 has."""
+        if self.c_attn.bias is None:
+            raise ValueError("GPT-2's c_attn has a bias; build this module with qkv_bias=True")
+        return {
+            "c_attn.weight": self.c_attn.weight.T.clone(),
+            "c_attn.bias": self.c_attn.bias.clone(),
+            "c_proj.weight": self.c_proj.weight.T.clone(),
+            "c_proj.bias": self.c_proj.bias.clone(),
+        }
+
+    @torch.no_grad()
+    def load_gpt2_state_dict(self, state: dict[str, torch.Tensor]) -> FusedQKVAttention:
+        """Load GPT-2-named ``Conv1D`` weights (see :meth:`gpt2_state_dict`; e.g. the entries of
+        a GPT-2 checkpoint under ``h.{layer}.attn.``), transposing them; return ``self``."""
+        expected = {"c_attn.weight": (self.d_in, 3 * self.d_out), "c_attn.bias": (3 * self.d_out,),
+                    "c_proj.weight": (self.d_out, self.d_out), "c_proj.bias": (self.d_out,)}
+        for key, shape in expected.items():
+            if key not in state:
+                raise KeyError(f"missing {key!r}; expected the keys {sorted(expected)}")
+            if tuple(state[key].shape) != shape:
+                raise ValueError(f"{key} must have shape {shape} (GPT-2's Conv1D layout, "
+                                 f"(in, out)); got {tuple(state[key].shape)}")
+        if self.c_attn.bias is None:
+            raise ValueError("GPT-2's c_attn has a bias; build this module with qkv_bias=True")
+        self.c_attn.weight.copy_(state["c_attn.weight"].T)
+        self.c_attn.bias.copy_(state["c_attn.bias"])
+        self.c_proj.weight.copy_(state["c_proj.weight"].T)
+        self.c_proj.bias.copy_(state["c_proj.bias"])
+        return self
+
+
+__all__ += ["FusedQKVAttention"]  # appended with the class, at the end of the file

@@ -9,16 +9,28 @@ import pytest
 import torch
 
 from shared.benchmark import (
+    SimulatedGPU,
     aten_ops,
+    attention_bytes,
     attention_flops,
     cpu_peak_memory,
+    device_memory_bytes,
+    dtype_works,
+    fits_in_memory,
     gflops,
     interleaved_medians,
+    is_out_of_memory,
     machine_info,
+    memory_bandwidth,
+    naive_peak_bytes,
     naive_score_bytes,
+    numpy_threads,
+    operation_count,
     peak_memory,
     pick_device,
+    sdpa_backend_times,
     sdpa_backends,
+    sdpa_kernel_used,
     synchronize,
     time_fn,
 )
@@ -138,3 +150,151 @@ def test_profiling_prints_nothing(capfd):
     aten_ops(lambda: torch.empty(10))
     out, err = capfd.readouterr()
     assert out == "" and err == ""
+
+
+# ------------------------------------------------------------------ second edition additions
+def test_time_fn_runs_with_torchs_own_threads():
+    """torch.utils.benchmark.Timer defaults to one thread; time_fn must time what PyTorch really
+    uses, so inside the timed function the thread count is the one outside it."""
+    outside = torch.get_num_threads()
+    seen = []
+    time_fn(lambda: seen.append(torch.get_num_threads()), min_run_time=0.01)
+    assert seen and set(seen) == {outside}
+    assert torch.get_num_threads() == outside  # and it is left as it was
+
+
+def test_machine_info_reports_both_thread_counts():
+    info = machine_info("cpu")
+    assert info["torch threads (used by every timing)"] == str(torch.get_num_threads())
+    assert info["NumPy BLAS threads"] == str(numpy_threads())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_sdpa_backends_per_dtype(dtype):
+    found = sdpa_backends("cpu", dtype)
+    assert list(found) == ["flash", "mem_efficient", "cudnn", "math"]
+    assert found["math"]
+    assert not found["mem_efficient"] and not found["cudnn"]  # CUDA-only kernels
+
+
+def test_sdpa_kernel_used_names_the_kernel_that_ran():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q = torch.randn(1, 2, 16, 8)
+
+    def forced_math():
+        with sdpa_kernel([SDPBackend.MATH]):
+            return torch.nn.functional.scaled_dot_product_attention(q, q, q)
+
+    assert [b for b, _ in sdpa_kernel_used(forced_math)] == ["math"]
+    assert sdpa_kernel_used(lambda: q @ q.transpose(-2, -1)) == []
+    default = sdpa_kernel_used(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q))
+    assert len(default) == 1 and default[0][1].startswith("aten::_scaled_dot_product")
+
+
+def test_sdpa_backend_times_only_the_usable_backends():
+    q = torch.randn(1, 2, 32, 16)
+    times = sdpa_backend_times(q, q, q, min_run_time=0.01)
+    usable = [name for name, ok in sdpa_backends("cpu").items() if ok]
+    assert list(times) == usable
+    assert all(t > 0 for t in times.values())
+
+
+def test_attention_bytes_by_hand():
+    # fused: Q, K, V and the output once: B*H*(2*T_q + 2*T_k)*d elements
+    assert attention_bytes(1, 1, 2, 3, 4) == (2 * 2 + 2 * 3) * 4 * 4
+    # unfused adds four passes over the T_q x T_k scores/weights
+    assert attention_bytes(2, 3, 5, 5, 8, torch.float16, fused=False) == \
+        2 * 3 * ((2 * 5 + 2 * 5) * 8 + 4 * 5 * 5) * 2
+    # the roofline argument: fused intensity grows with T, unfused stays below head_dim / 4
+    i_fused = attention_flops(1, 8, 4096, 4096, 64) / attention_bytes(1, 8, 4096, 4096, 64)
+    i_unfused = attention_flops(1, 8, 4096, 4096, 64) / attention_bytes(1, 8, 4096, 4096, 64,
+                                                                        fused=False)
+    assert i_fused == pytest.approx(4096 / 4) and i_unfused < 64 / 4
+
+
+def test_memory_bandwidth_is_a_plausible_rate():
+    rate = memory_bandwidth("cpu", mib=4, min_run_time=0.01)
+    assert 0.1 < rate < 10_000  # GB/s
+
+
+def test_memory_budget_helpers():
+    free = device_memory_bytes("cpu")
+    assert free > 2**20
+    assert fits_in_memory(1, "cpu") and not fits_in_memory(10 * free, "cpu")
+    # three score-sized buffers and the output, as measured for naive attention
+    assert naive_peak_bytes(1, 2, 128, 128, 16) == 3 * naive_score_bytes(1, 2, 128, 128) + 2 * 128 * 16 * 4
+    gen = torch.Generator().manual_seed(0)
+    Q, K, V = (torch.randn(1, 2, 128, 16, generator=gen) for _ in range(3))
+    from shared.modules import naive_attention
+    measured = cpu_peak_memory(lambda: naive_attention(Q, K, V))
+    assert measured <= naive_peak_bytes(1, 2, 128, 128, 16) <= 1.5 * measured
+
+
+def test_is_out_of_memory():
+    assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8 GiB"))
+    assert is_out_of_memory(RuntimeError("MPS backend out of memory (MPS allocated: 6 GB)"))
+    assert is_out_of_memory(RuntimeError("[enforce fail at alloc_cpu.cpp] DefaultCPUAllocator: "
+                                         "can't allocate memory: you tried to allocate 8 GB"))
+    assert is_out_of_memory(MemoryError())
+    assert not is_out_of_memory(RuntimeError("shape mismatch"))
+    assert not is_out_of_memory(ValueError("out of memory"))
+
+
+def test_dtype_works_on_the_cpu():
+    assert dtype_works("cpu", torch.float32) and dtype_works("cpu", torch.bfloat16)
+
+
+def test_simulated_gpu_is_asynchronous():
+    gpu = SimulatedGPU(kernel_s=2e-3, first_s=50e-3, launch_s=5e-6)
+    t0 = gpu.clock()
+    gpu.launch()
+    gpu.launch()
+    assert gpu.clock() - t0 == pytest.approx(2 * 5e-6)  # launches return at once
+    assert gpu.busy
+    gpu.synchronize()
+    assert not gpu.busy
+    assert gpu.clock() - t0 == pytest.approx(5e-6 + 50e-3 + 2e-3)  # first kernel, then one more
+    assert [e[0] for e in gpu.log] == ["clock", "launch", "launch", "clock", "sync", "clock"]
+    assert gpu.log[3][2] is True and gpu.log[5][2] is False  # busy at the read, then not
+    assert gpu.synchronized_clock() == gpu.now
+
+
+def test_bench_smoke_run_writes_markdown_and_survives_oom(tmp_path, monkeypatch):
+    """tools/bench.py end to end at tiny sizes; a candidate that runs out of memory is reported
+    as OOM (and not retried at longer lengths) instead of ending the run."""
+    from tools import bench
+
+    monkeypatch.setitem(bench.PLANS, "quick", bench.Plan((16, 32), 16, 1, 0.002, 1, 16))
+    monkeypatch.setattr(bench, "memory_bandwidth", lambda device, mib=None, min_run_time=0.2: 10.0)
+    monkeypatch.setattr(bench, "MATMUL_N", 128)
+    real = bench.tiled_attention
+
+    def tiled_that_runs_out(Q, *args, **kwargs):
+        if Q.shape[-2] >= 32:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 GiB")
+        return real(Q, *args, **kwargs)
+
+    monkeypatch.setattr(bench, "tiled_attention", tiled_that_runs_out)
+    out = tmp_path / "results.md"
+    assert bench.main(["--quick", "--out", str(out)]) == 0
+    text = out.read_text(encoding="utf-8")
+    assert "| 32 | no | tiled (flash) | OOM |" in text
+    assert "| 32 | yes | tiled (flash) | OOM at T = 32 |" in text
+    assert "| 16 | no | SDPA |" in text and "| 32 | no | SDPA |" in text
+    assert f"num_threads = torch.get_num_threads()` = {torch.get_num_threads()}" in text
+    assert "## SDPA backends" in text and "| float32 | yes | no | no | yes | flash |" in text
+
+
+def test_operation_count_counts_computing_operators():
+    a = torch.ones(3, 3)
+    assert operation_count(lambda: a @ a) == 1  # one mm
+    assert operation_count(lambda: (a + 1) * 2) == 2
+    assert operation_count(lambda: a.t()[1:]) == 0  # views compute nothing
+    assert operation_count(lambda: None) == 0
+    from shared.flash import tiled_attention
+
+    q = torch.randn(1, 1, 8, 2)
+    one_tile = operation_count(lambda: tiled_attention(q, q, q, block_size=8))
+    four_tiles = operation_count(lambda: tiled_attention(q, q, q, block_size=4))
+    assert 10 <= (four_tiles - one_tile) / 3 <= 25  # about fifteen operations per extra tile

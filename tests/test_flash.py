@@ -190,3 +190,110 @@ def test_rejects_non_bool_causal():
     Q, K, V = qkv(0, T_q=3, T_k=3)
     with pytest.raises(TypeError, match="causal must be a bool"):
         tiled_attention(Q, K, V, causal=1)
+
+
+# ------------------------------------------------------- precision: float32 accumulation
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_accumulates_in_float32_like_sdpa(dtype):
+    """Scores, running max/sum and accumulator in float32, output rounded once: the error against
+    a float64 reference is no larger than that of PyTorch's own SDPA (which accumulates in
+    float32), and clearly smaller than the same loop kept in the half-precision dtype."""
+    Q, K, V = qkv(11, 1, 4, T_q=256, T_k=256, d_k=64, d_v=64)
+    reference = sdpa(Q, K, V, False)
+    q, k, v = (x.to(dtype) for x in (Q, K, V))
+    out = tiled_attention(q, k, v, block_size=32)
+    assert out.dtype == dtype
+    err = (out.double() - reference).abs().max().item()
+    err_sdpa = (sdpa(q, k, v, False).double() - reference).abs().max().item()
+    assert err <= 1.1 * err_sdpa, (err, err_sdpa)
+
+    def loop_in(dtype):  # the same online softmax with every running quantity in `dtype`
+        m = torch.full((*q.shape[:-1], 1), float("-inf"), dtype=dtype)
+        l = torch.zeros_like(m)
+        acc = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=dtype)
+        for k0 in range(0, 256, 32):
+            s = (q / 8) @ k[..., k0:k0 + 32, :].transpose(-2, -1)
+            m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+            p, alpha = torch.exp(s - m_new), torch.exp(m - m_new)
+            l, acc, m = alpha * l + p.sum(-1, keepdim=True), alpha * acc + p @ v[..., k0:k0 + 32, :], m_new
+        return acc / l
+
+    err_low = (loop_in(dtype).double() - reference).abs().max().item()
+    assert err < err_low, (err, err_low)
+
+
+def test_float32_and_float64_stay_in_their_dtype():
+    for dtype in (torch.float32, torch.float64):
+        Q, K, V = qkv(12, 2, T_q=9, T_k=9, dtype=dtype)
+        assert tiled_attention(Q, K, V, block_size=4).dtype == dtype
+
+
+# ------------------------------------------------------------- masks and the -inf guard
+def blocked_keys(T_q, T_k, seed):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.rand(2, 1, T_q, T_k, generator=gen) > 0.4  # True = may attend
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("block_size", [1, 3, 8])
+def test_boolean_mask_matches_sdpa(causal, block_size):
+    Q, K, V = qkv(20 + block_size, 2, 3, T_q=10, T_k=10)
+    mask = blocked_keys(10, 10, block_size)
+    mask[..., :, 0] = True  # every row keeps one key, so SDPA's convention cannot differ
+    expected = F.scaled_dot_product_attention(
+        Q, K, V, attn_mask=mask & torch.ones(10, 10, dtype=torch.bool).tril() if causal else mask)
+    out = tiled_attention(Q, K, V, causal=causal, block_size=block_size, mask=mask)
+    torch.testing.assert_close(out, expected, atol=ATOL, rtol=0)
+
+
+def test_first_key_block_fully_masked_is_no_nan():
+    """Keys 0..3 (the whole first block of 4) are masked for every query: the running max stays
+    -inf through that block, where exp(-inf - (-inf)) would be nan without the guard."""
+    Q, K, V = qkv(30, 2, T_q=6, T_k=10)
+    mask = torch.ones(6, 10, dtype=torch.bool)
+    mask[:, :4] = False
+    out = tiled_attention(Q, K, V, block_size=4, mask=mask)
+    assert not out.isnan().any()
+    expected, _ = scaled_dot_product_attention(Q.numpy(), K.numpy(), V.numpy(), mask=mask.numpy())
+    np.testing.assert_allclose(out.numpy(), expected, atol=ATOL, rtol=0)
+
+
+def test_query_that_may_attend_to_nothing_gets_zeros():
+    """The course's rule (and the NumPy reference's): a fully masked query row gives a zero
+    output, never nan; the other rows are untouched."""
+    Q, K, V = qkv(31, 3, T_q=7, T_k=7)
+    mask = torch.ones(7, 7, dtype=torch.bool)
+    mask[2] = False  # query 2 may attend to nothing
+    mask[5, :4] = False  # query 5 only to keys 4..6, all in the second block of 4
+    for causal in (False, True):
+        out = tiled_attention(Q, K, V, causal=causal, block_size=4, mask=mask)
+        assert not out.isnan().any()
+        assert torch.equal(out[:, 2], torch.zeros_like(out[:, 2]))
+        expected, _ = scaled_dot_product_attention(Q.numpy(), K.numpy(), V.numpy(),
+                                                   mask=mask.numpy(), causal=causal)
+        np.testing.assert_allclose(out.numpy(), expected, atol=ATOL, rtol=0)
+
+
+def test_rejects_bad_masks():
+    Q, K, V = qkv(0, T_q=3, T_k=4)
+    with pytest.raises(TypeError, match=r"mask must be a boolean torch.Tensor .*got dtype torch.float32"):
+        tiled_attention(Q, K, V, mask=torch.ones(3, 4))
+    with pytest.raises(TypeError, match="mask must be a boolean torch.Tensor .*got ndarray"):
+        tiled_attention(Q, K, V, mask=np.ones((3, 4), dtype=bool))
+    with pytest.raises(ValueError, match=r"mask of shape \(4, 3\) does not broadcast to .*\(3, 4\)"):
+        tiled_attention(Q, K, V, mask=torch.ones(4, 3, dtype=torch.bool))
+
+
+def test_docstring_memory_claim_one_tile_not_t_times_block():
+    """Peak memory beyond the output does not grow with T: one block x block tile and a few
+    block-row buffers per (batch, head), as the module docstring says."""
+    from shared.benchmark import cpu_peak_memory
+
+    def extra(T, block=32):
+        Q, K, V = qkv(T, 1, 2, T_q=T, T_k=T, d_k=16, d_v=16, dtype=torch.float32)
+        return cpu_peak_memory(lambda: tiled_attention(Q, K, V, block_size=block)) - 2 * T * 16 * 4
+
+    small, large = extra(128), extra(512)
+    assert small == large  # T quadrupled, the extra memory did not move
+    tile, rows = 2 * 32 * 32 * 4, 2 * 32 * (16 + 16 + 2) * 4  # tile; q block, acc, m and l
+    assert large <= 2 * (tile + rows)

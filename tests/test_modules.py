@@ -391,3 +391,134 @@ def test_cross_attention_batch_mismatch():
         mha(torch.randn(2, 3, 4), torch.randn(1, 3, 4))
     with pytest.raises(ValueError, match="x_kv's last dimension must be d_in = 4"):
         mha(torch.randn(2, 3, 4), torch.randn(2, 3, 5))
+
+
+# ------------------------------------------------------------------ FusedQKVAttention (04)
+def fused_pair(d=12, H=3, causal=True, seed=0):
+    torch.manual_seed(seed)
+    mha = MultiHeadAttention(d, d, 16, 0.0, H, qkv_bias=True, causal=causal).eval()
+    from shared.modules import FusedQKVAttention
+
+    fused = FusedQKVAttention(d, d, H, causal=causal).eval().load_from(mha)
+    return mha, fused
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_fused_qkv_equals_multi_head_attention(causal):
+    mha, fused = fused_pair(causal=causal)
+    x = torch.randn(2, 7, 12)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), mha(x), atol=ATOL, rtol=0)
+    # c_attn stacks W_query, W_key, W_value row-wise: one d -> 3d projection
+    assert fused.c_attn.weight.shape == (36, 12)
+    assert torch.equal(fused.c_attn.weight[12:24], mha.W_key.weight)
+
+
+def test_fused_qkv_equals_torch_multihead_attention():
+    from shared.modules import FusedQKVAttention
+
+    torch.manual_seed(1)
+    torch_mha = nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    fused = FusedQKVAttention(8, 8, 2, causal=True).eval().load_from(torch_mha)
+    x = torch.randn(3, 5, 8)
+    blocked = ~torch.ones(5, 5, dtype=torch.bool).tril()  # nn.MultiheadAttention: True = blocked
+    with torch.no_grad():
+        ref = torch_mha(x, x, x, attn_mask=blocked, need_weights=False)[0]
+        torch.testing.assert_close(fused(x), ref, atol=ATOL, rtol=0)
+
+
+def test_fused_qkv_mask_is_may_attend_and_combines_with_causal():
+    _, fused = fused_pair(d=8, H=2)
+    x = torch.randn(1, 6, 8)
+    keep = torch.ones(6, 6, dtype=torch.bool)
+    keep[:, 1] = False  # nobody may attend to token 1 (padding)
+    with torch.no_grad():
+        q, k, v = fused.c_attn(x).split(8, dim=-1)
+        q, k, v = (t.view(1, 6, 2, 4).transpose(1, 2) for t in (q, k, v))
+        ctx, _ = naive_attention(q, k, v, causal=True, mask=keep)
+        ref = fused.c_proj(ctx.transpose(1, 2).reshape(1, 6, 8))
+        torch.testing.assert_close(fused(x, mask=keep), ref, atol=ATOL, rtol=0)
+    with pytest.raises(TypeError, match="mask must be a boolean tensor .*got dtype torch.float32"):
+        fused(x, mask=keep.float())
+
+
+def test_fused_qkv_gpt2_layout_round_trip():
+    from shared.modules import FusedQKVAttention
+
+    _, fused = fused_pair()
+    state = fused.gpt2_state_dict()
+    assert {k: tuple(v.shape) for k, v in state.items()} == {
+        "c_attn.weight": (12, 36), "c_attn.bias": (36,), "c_proj.weight": (12, 12), "c_proj.bias": (12,)}
+    assert torch.equal(state["c_attn.weight"], fused.c_attn.weight.T)  # Conv1D: (in, out)
+    other = FusedQKVAttention(12, 12, 3).eval().load_gpt2_state_dict(state)
+    x = torch.randn(2, 4, 12)
+    with torch.no_grad():
+        torch.testing.assert_close(other(x), fused(x), atol=0, rtol=0)
+    with pytest.raises(ValueError, match=r"c_attn.weight must have shape \(12, 36\) .*got \(36, 12\)"):
+        other.load_gpt2_state_dict({**state, "c_attn.weight": state["c_attn.weight"].T})
+    with pytest.raises(KeyError, match="missing 'c_proj.bias'"):
+        other.load_gpt2_state_dict({k: v for k, v in state.items() if k != "c_proj.bias"})
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_fused_qkv_matches_hugging_face_gpt2_attention(impl):
+    """The mapping to GPT-2's c_attn/c_proj, checked against transformers' own GPT2Attention
+    (random weights, no download). The module alone gets its causal mask passed explicitly."""
+    from transformers import GPT2Config
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Attention
+
+    from shared.modules import FusedQKVAttention
+
+    config = GPT2Config(n_embd=16, n_head=4, n_positions=32, attn_pdrop=0.0, resid_pdrop=0.0)
+    config._attn_implementation = impl
+    torch.manual_seed(2)
+    theirs = GPT2Attention(config, layer_idx=0).eval()
+    ours = FusedQKVAttention(16, 16, 4).eval().load_gpt2_state_dict(theirs.state_dict())
+    x = torch.randn(2, 7, 16)
+    additive_causal = torch.full((7, 7), float("-inf")).triu(1)[None, None]
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), theirs(x, attention_mask=additive_causal)[0],
+                                   atol=ATOL, rtol=0)
+
+
+def test_gpt2_small_parameter_budget():
+    """Notebook 04's context: 12 attention layers of 4d^2 + 4d = 2,362,368 parameters are 28.3 M
+    of GPT-2 small's 124,439,808 (counted by transformers on the meta device: no memory, no
+    download)."""
+    from transformers import GPT2Config, GPT2Model
+
+    with torch.device("meta"):
+        model = GPT2Model(GPT2Config())
+    total = sum(p.numel() for p in model.parameters())
+    attention = sum(p.numel() for name, p in model.named_parameters() if ".attn." in name)
+    assert total == 124_439_808
+    assert attention == 12 * (4 * 768 * 768 + 4 * 768) == 28_348_416
+
+
+def test_fused_qkv_dropout_only_in_training():
+    _, fused = fused_pair()
+    fused.dropout = 0.5
+    x = torch.randn(2, 6, 12)
+    with torch.no_grad():
+        torch.testing.assert_close(fused.eval()(x), fused.eval()(x))
+        torch.manual_seed(0)
+        a = fused.train()(x)
+        torch.manual_seed(1)
+        b = fused.train()(x)
+    assert not torch.allclose(a, b)
+
+
+def test_fused_qkv_bad_input():
+    from shared.modules import FusedQKVAttention
+
+    with pytest.raises(ValueError, match=r"divisible by num_heads; got d_out = 10, num_heads = 4"):
+        FusedQKVAttention(8, 10, 4)
+    fused = FusedQKVAttention(8, 8, 2)
+    with pytest.raises(ValueError, match=r"3-D \(B, T, d_in\) with d_in = 8; got shape \(5, 8\)"):
+        fused(torch.randn(5, 8))
+    with pytest.raises(TypeError, match="expected a MultiHeadAttention or a torch.nn.MultiheadAttention"):
+        fused.load_from(nn.Linear(8, 8))
+    with pytest.raises(ValueError, match=r"shape mismatch: the source has \(d_in, d_out, num_heads\) = \(8, 8, 4\)"):
+        fused.load_from(MultiHeadAttention(8, 8, 4, 0.0, 4))
+    with pytest.raises(ValueError, match="qkv_bias=True"):
+        FusedQKVAttention(8, 8, 2, qkv_bias=False).gpt2_state_dict()

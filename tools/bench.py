@@ -3,9 +3,17 @@
 Runs NumPy (the course's reference), naive PyTorch, ``F.scaled_dot_product_attention`` (SDPA) and
 the tiled online-softmax ``shared.flash.tiled_attention`` across sequence lengths, float32,
 B=1, H=8, head_dim=64, causal and not, on the device :func:`shared.benchmark.pick_device` picks.
-Every time comes from ``torch.utils.benchmark``; candidates run in turns (interleaved) and medians
-over the rounds are quoted. A large matrix multiply is timed in the same rounds as the
-machine's ceiling. Writes ``benchmarks/results-<device>.md``.
+Then, at one length: which SDPA backends each dtype can use, which kernel the default call ran,
+and each usable backend's time; timing with and without synchronisation; the device's reference
+matmul rate and copy bandwidth (the two numbers of the roofline model).
+
+Every time comes from ``torch.utils.benchmark`` with ``num_threads=torch.get_num_threads()`` (the
+threads PyTorch uses; the Timer's own default is one). NumPy's BLAS is limited to one thread with
+``threadpoolctl`` (see ``NUMPY_THREADS``). Candidates run in turns (interleaved) and medians over
+the rounds are quoted. Sizes follow the device: a candidate whose estimated memory exceeds half of
+what the device has free is skipped, and one that runs out of memory anyway is reported as OOM
+(and not tried at longer lengths) instead of ending the run. Writes
+``benchmarks/results-<device>.md``.
 
     python -m tools.bench              # the default sizes for the device
     python -m tools.bench --quick      # tiny sizes, a smoke test of the script itself
@@ -13,52 +21,87 @@ machine's ceiling. Writes ``benchmarks/results-<device>.md``.
 
 from __future__ import annotations
 
-import os
+import argparse
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
 
-# NumPy's OpenBLAS and PyTorch each keep a pool of threads that spin while they wait for work; on a
-# 2-core machine the two pools fight and NumPy runs several times slower than alone. One BLAS thread
-# for NumPy (set before NumPy is first imported) keeps the reference honest and PyTorch undisturbed.
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+import torch
+import torch.nn.functional as F
+from threadpoolctl import threadpool_limits
+from torch.utils import benchmark
 
-import argparse  # noqa: E402
-import statistics  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from shared.attention import scaled_dot_product_attention as numpy_attention  # noqa: E402
-from shared.benchmark import (  # noqa: E402
+from shared.attention import scaled_dot_product_attention as numpy_attention
+from shared.benchmark import (
+    attention_bytes,
     attention_flops,
+    dtype_works,
+    fits_in_memory,
     gflops,
-    interleaved_times,
+    is_out_of_memory,
     machine_info,
+    memory_bandwidth,
+    naive_peak_bytes,
     naive_score_bytes,
     peak_memory,
     pick_device,
+    sdpa_backend_times,
+    sdpa_backends,
+    sdpa_kernel_used,
+    synchronize,
+    time_fn,
 )
-from shared.flash import DEFAULT_BLOCK_SIZE, tiled_attention  # noqa: E402
-from shared.modules import naive_attention  # noqa: E402
+from shared.flash import DEFAULT_BLOCK_SIZE, tiled_attention
+from shared.modules import naive_attention
 
 ROOT = Path(__file__).resolve().parent.parent
 B, H, HEAD_DIM = 1, 8, 64
 MATMUL_N = 2048
+# NumPy's OpenBLAS keeps worker threads that spin while they wait; next to PyTorch's own pool on a
+# machine whose cores are shared, two BLAS threads made NumPy about ten times slower than one
+# (measured on the course's 2-core machine). One thread is the fair figure there; say so.
+NUMPY_THREADS = 1
 
-# (sequence lengths, longest NumPy runs, rounds, min_run_time) per device type
+
+@dataclass(frozen=True)
+class Plan:
+    lengths: tuple[int, ...]  # sequence lengths
+    numpy_max: int  # longest length NumPy runs at
+    rounds: int  # interleaved rounds per length
+    min_run_time: float  # seconds per Timer.blocked_autorange
+    target_rounds: int  # more rounds at the longest length
+    detail_T: int  # the length of the backend, dtype and synchronisation measurements
+
+
 PLANS = {
-    "cpu": ([256, 512, 1024, 2048, 4096], 2048, 3, 0.3),
-    "gpu": ([512, 1024, 2048, 4096, 8192, 16384], 2048, 5, 0.3),
-    "quick": ([64, 128], 128, 2, 0.02),
+    "cpu": Plan((256, 512, 1024, 2048, 4096), 2048, 3, 0.3, 7, 1024),
+    "gpu": Plan((512, 1024, 2048, 4096, 8192, 16384), 2048, 5, 0.3, 7, 4096),
+    "quick": Plan((64, 128), 128, 2, 0.02, 2, 64),
 }
-TARGET_ROUNDS = 7  # more rounds at the target size, T = the largest
+
+
+def oom_cleanup(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    elif device.type == "mps":
+        torch.mps.empty_cache()
+
+
+def estimated_bytes(name: str, T: int, device: torch.device) -> int:
+    """Rough peak bytes of one candidate at length T (inputs included), to skip what cannot fit."""
+    inputs = 4 * B * H * T * HEAD_DIM * 4  # Q, K, V and the output, float32
+    if name in ("naive PyTorch", "NumPy reference"):
+        return naive_peak_bytes(B, H, T, T, HEAD_DIM) + inputs
+    return 2 * inputs  # SDPA's fused kernels and the tiled loop: linear in T
 
 
 def candidates(Q, K, V, causal: bool, with_numpy: bool, block_size: int):
     fns = {}
     if with_numpy:
         q, k, v = (x.cpu().numpy() for x in (Q, K, V))
+
         fns["NumPy reference"] = lambda: numpy_attention(q, k, v, causal=causal)
     fns["naive PyTorch"] = lambda: naive_attention(Q, K, V, causal=causal)
     fns["SDPA"] = lambda: F.scaled_dot_product_attention(Q, K, V, is_causal=causal)
@@ -66,41 +109,83 @@ def candidates(Q, K, V, causal: bool, with_numpy: bool, block_size: int):
     return fns
 
 
-def run(device: torch.device, plan: str, block_size: int) -> tuple[list[dict], dict]:
-    lengths, numpy_max, rounds, min_run_time = PLANS[plan]
+def run_lengths(device: torch.device, plan: Plan, block_size: int, quick: bool):
+    """Time every candidate at every length; returns (rows, targets, notes)."""
     gen = torch.Generator().manual_seed(0)
     a = torch.randn(MATMUL_N, MATMUL_N, generator=gen).to(device)
     b = torch.randn(MATMUL_N, MATMUL_N, generator=gen).to(device)
-    matmul = {"matmul": lambda: a @ b}
-    rows, targets = [], {}
-    for T in lengths:
-        Q, K, V = (torch.randn(B, H, T, HEAD_DIM, generator=gen).to(device) for _ in range(3))
-        last = T == lengths[-1]
+    matmul = lambda: a @ b  # noqa: E731
+    rows, targets, notes = [], {}, []
+    failed: dict[str, int] = {}  # candidate -> the length at which it ran out of memory
+    for T in plan.lengths:
+        try:
+            Q, K, V = (torch.randn(B, H, T, HEAD_DIM, generator=gen).to(device) for _ in range(3))
+        except (RuntimeError, MemoryError) as err:
+            if not is_out_of_memory(err):
+                raise
+            oom_cleanup(device)
+            notes.append(f"T = {T}: the inputs themselves did not fit; stopped here.")
+            break
+        last = T == plan.lengths[-1]
         for causal in (False, True):
-            fns = candidates(Q, K, V, causal, T <= numpy_max, block_size)
-            n_rounds = max(rounds, TARGET_ROUNDS) if last and plan != "quick" else rounds
+            fns = candidates(Q, K, V, causal, T <= plan.numpy_max, block_size)
+            skipped = {}
+            for name in list(fns):
+                if name in failed:
+                    skipped[name] = f"OOM at T = {failed[name]}"
+                elif not fits_in_memory(estimated_bytes(name, T, device),
+                                        "cpu" if name == "NumPy reference" else device):
+                    need = estimated_bytes(name, T, device) / 2**30
+                    skipped[name] = f"skipped: needs about {need:.1f} GiB"
+            for name in skipped:
+                fns.pop(name)
+            n_rounds = plan.target_rounds if last and not quick else plan.rounds
             t0 = time.perf_counter()
-            times = interleaved_times({**fns, **matmul}, device, n_rounds, min_run_time)
-            mm_rate = gflops(2 * MATMUL_N**3, statistics.median(times.pop("matmul")))
+            times: dict[str, list[float]] = {name: [] for name in fns}
+            mm: list[float] = []
+            for _ in range(n_rounds):
+                for name, fn in list(fns.items()):
+                    try:
+                        times[name].append(time_fn(fn, device, plan.min_run_time))
+                    except (RuntimeError, MemoryError) as err:
+                        if not is_out_of_memory(err):
+                            raise
+                        oom_cleanup(device)
+                        failed[name] = T
+                        skipped[name] = "OOM"
+                        fns.pop(name)
+                        times.pop(name)
+                mm.append(time_fn(matmul, device, plan.min_run_time))
+            mm_rate = gflops(2 * MATMUL_N**3, statistics.median(mm))
             flops = attention_flops(B, H, T, T, HEAD_DIM, causal)
             for name, ts in times.items():
-                fn = fns[name]
-                mem = peak_memory(fn, device) if name != "NumPy reference" else None
+                mem = None
+                if name != "NumPy reference":
+                    try:
+                        mem = peak_memory(fns[name], device)
+                    except (RuntimeError, MemoryError) as err:
+                        if not is_out_of_memory(err):
+                            raise
+                        oom_cleanup(device)
                 median = statistics.median(ts)
                 rows.append({
                     "T": T, "causal": causal, "impl": name, "ms": 1e3 * median,
                     "gflops": gflops(flops, median), "of_matmul": gflops(flops, median) / mm_rate,
                     "peak_mib": None if mem is None else mem / 2**20, "rounds": n_rounds,
+                    "status": "ok",
                 })
+            for name, why in skipped.items():
+                rows.append({"T": T, "causal": causal, "impl": name, "status": why})
             summary = ", ".join(f"{n} {1e3 * statistics.median(t):.1f} ms"
                                 for n, t in times.items())
+            summary += "".join(f", {n}: {why}" for n, why in skipped.items())
             print(f"T={T:>5} causal={causal!s:5}: {summary}; matmul {mm_rate:.0f} GFLOP/s "
                   f"({time.perf_counter() - t0:.0f} s)", flush=True)
-            if last:
-                latest = {r["impl"]: r for r in rows[-len(times):]}
+            if last and "SDPA" in times and "tiled (flash)" in times:
+                latest = {r["impl"]: r for r in rows if r["T"] == T and r["causal"] == causal}
                 ratios = [s / t for s, t in zip(times["SDPA"], times["tiled (flash)"], strict=True)]
-                key = "causal" if causal else "non-causal"
-                targets[key] = {
+                naive = latest.get("naive PyTorch", {})
+                targets["causal" if causal else "non-causal"] = {
                     "ratio_of_medians": statistics.median(times["SDPA"])
                     / statistics.median(times["tiled (flash)"]),
                     "median_ratio": statistics.median(ratios),
@@ -108,30 +193,91 @@ def run(device: torch.device, plan: str, block_size: int) -> tuple[list[dict], d
                     "sdpa_of_matmul": latest["SDPA"]["of_matmul"],
                     "sdpa_gflops": latest["SDPA"]["gflops"],
                     "matmul_gflops": mm_rate,
-                    "naive_mib": latest["naive PyTorch"]["peak_mib"],
+                    "naive_mib": naive.get("peak_mib"),
                     "tiled_mib": latest["tiled (flash)"]["peak_mib"],
                     "T": T,
                 }
-    return rows, targets
+        del Q, K, V
+    return rows, targets, notes
 
 
-def fmt_mib(x) -> str:
-    return "n/a" if x is None else f"{x:.1f}"
+def unsynchronised_seconds(fn, number: int = 20) -> float:
+    """The classic mistake: a bare clock around queued GPU work, no synchronisation."""
+    fn()
+    fn()
+    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, timer=time.perf_counter,
+                            num_threads=torch.get_num_threads())
+    return timer.timeit(number=number).median
 
 
-def markdown(device, rows, targets, info, block_size: int, seconds: float) -> str:
+def run_details(device: torch.device, plan: Plan) -> dict:
+    """Backends per dtype, the kernel that ran, per-backend times, (un)synchronised timing, and
+    the roofline's two numbers, at length ``plan.detail_T``."""
+    T = plan.detail_T
+    gen = torch.Generator().manual_seed(1)
+    base = [torch.randn(B, H, T, HEAD_DIM, generator=gen) for _ in range(3)]
+    details: dict = {"T": T, "dtypes": {}}
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        name = str(dtype).replace("torch.", "")
+        if not dtype_works(device, dtype):
+            details["dtypes"][name] = {"works": False}
+            continue
+        Q, K, V = (x.to(device, dtype) for x in base)
+        entry = {"works": True, "backends": sdpa_backends(device, dtype)}
+        entry["ran"] = [b for b, _ in sdpa_kernel_used(
+            lambda Q=Q, K=K, V=V: F.scaled_dot_product_attention(Q, K, V))]
+        try:
+            entry["times"] = sdpa_backend_times(Q, K, V, min_run_time=plan.min_run_time)
+        except (RuntimeError, MemoryError) as err:
+            if not is_out_of_memory(err):
+                raise
+            oom_cleanup(device)
+            entry["times"] = {}
+            entry["oom"] = True
+        details["dtypes"][name] = entry
+    Q, K, V = (x.to(device) for x in base)
+    call = lambda: F.scaled_dot_product_attention(Q, K, V)  # noqa: E731
+    details["unsynchronised_ms"] = 1e3 * unsynchronised_seconds(call)
+    synchronize(device)
+    details["synchronised_ms"] = 1e3 * time_fn(call, device, plan.min_run_time)
+    details["matmul_gflops"] = {}
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        if device.type == "cpu" and dtype != torch.float32:
+            continue  # half-precision matmuls on a CPU are not what attention runs on there
+        if not dtype_works(device, dtype):
+            continue
+        a = torch.randn(MATMUL_N, MATMUL_N, generator=gen).to(device, dtype)
+        b = torch.randn(MATMUL_N, MATMUL_N, generator=gen).to(device, dtype)
+        seconds = time_fn(lambda a=a, b=b: a @ b, device, plan.min_run_time)
+        details["matmul_gflops"][str(dtype).replace("torch.", "")] = gflops(2 * MATMUL_N**3,
+                                                                            seconds)
+    details["bandwidth_gbs"] = memory_bandwidth(device, mib=8 if plan is PLANS["quick"] else None,
+                                                min_run_time=plan.min_run_time)
+    return details
+
+
+def fmt(x, spec: str = ".1f") -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def markdown(device, rows, targets, details, notes, info, block_size: int, seconds: float) -> str:
     lines = [
         f"# Attention benchmark: {device.type}",
         "",
         "Written by `make bench` (`python -m tools.bench`). float32, B = 1, H = 8, head_dim = 64;",
         f"tiled = `shared.flash.tiled_attention` with block_size = {block_size}. Times are",
-        "medians over interleaved rounds of `torch.utils.benchmark.Timer.blocked_autorange`;",
-        "GFLOP/s count the two matrix products' useful work (4·B·H·pairs·head_dim, causal: only",
-        f"the pairs j ≤ i); \"of matmul\" divides by a {MATMUL_N}×{MATMUL_N} float32 matrix",
-        "multiply timed in the same rounds. Peak memory: CPU via the profiler's allocation events",
-        "(`shared.benchmark.cpu_peak_memory`), CUDA via `torch.cuda.max_memory_allocated`; the",
-        "output counts, the inputs do not. NumPy runs with one BLAS thread (see tools/bench.py).",
-        "The machine is shared with other jobs: expect ±10 % or more between runs.",
+        "medians over interleaved rounds of `torch.utils.benchmark.Timer.blocked_autorange`, run",
+        f"with `num_threads = torch.get_num_threads()` = {torch.get_num_threads()} (the threads",
+        f"PyTorch uses). NumPy runs with {NUMPY_THREADS} BLAS thread (`threadpoolctl`; see",
+        "tools/bench.py for why). GFLOP/s count the two matrix products' useful work",
+        "(4·B·H·pairs·head_dim, causal: only the pairs j ≤ i); \"vs matmul\" divides by a",
+        f"{MATMUL_N}×{MATMUL_N} float32 matrix multiply timed in the same rounds: a reference",
+        "point, not a ceiling (a fused kernel can use faster paths than one float32 matmul, e.g.",
+        "TF32 tensor cores on recent NVIDIA GPUs). Peak memory: CPU via the profiler's allocation",
+        "events (`shared.benchmark.cpu_peak_memory`), CUDA via `torch.cuda.max_memory_allocated`,",
+        "none on MPS; the output counts, the inputs do not. A candidate is skipped where its",
+        "estimated memory exceeds half of the device's free memory, and reported as OOM where it",
+        "ran out anyway. On a shared machine expect ±10 % or more between runs.",
         "",
         "## Machine",
         "",
@@ -140,47 +286,96 @@ def markdown(device, rows, targets, info, block_size: int, seconds: float) -> st
         *(f"| {k} | {v} |" for k, v in info.items()),
         f"| bench runtime | {seconds:.0f} s |",
         "",
-        "## Targets (T = {})".format(next(iter(targets.values()))["T"] if targets else "?"),
-        "",
     ]
+    if notes:
+        lines += ["## Notes", "", *(f"- {n}" for n in notes), ""]
     if targets:
-        nc, c = targets["non-causal"], targets["causal"]
-        mem_ratio = nc["naive_mib"] / nc["tiled_mib"] if nc["tiled_mib"] else float("nan")
-        mem_ratio_c = c["naive_mib"] / c["tiled_mib"] if c["tiled_mib"] else float("nan")
+        T = next(iter(targets.values()))["T"]
+        lines += [f"## Targets (T = {T})", "", "| figure | target | measured |", "|---|---|---|"]
+        for key in ("non-causal", "causal"):
+            if key not in targets:
+                continue
+            t = targets[key]
+            lines.append(
+                f"| tiled / SDPA throughput, {key} (ratio of medians; median of per-round "
+                f"ratios) | ≥ 0.65 | {t['ratio_of_medians']:.2f}; {t['median_ratio']:.2f} |")
+        for key in ("non-causal", "causal"):
+            t = targets.get(key)
+            if t and t["naive_mib"] and t["tiled_mib"]:
+                lines.append(
+                    f"| naive / tiled peak memory, {key} ({fmt(t['naive_mib'])} MiB / "
+                    f"{fmt(t['tiled_mib'])} MiB) | ≥ 50 | {t['naive_mib'] / t['tiled_mib']:.0f} |")
+        for key in ("non-causal", "causal"):
+            t = targets.get(key)
+            if t:
+                lines.append(
+                    f"| SDPA vs reference matmul GFLOP/s, {key} ({t['sdpa_gflops']:.0f} / "
+                    f"{t['matmul_gflops']:.0f}) | reported | {t['sdpa_of_matmul']:.2f} |")
+        ratios = "; ".join(f"{k}: " + ", ".join(f"{r:.2f}" for r in t["ratios"])
+                           for k, t in targets.items())
+        lines += ["", f"Per-round tiled/SDPA ratios, {ratios}.", ""]
+    if details:
+        T = details["T"]
         lines += [
-            "| figure | target | measured |",
-            "|---|---|---|",
-            f"| tiled / SDPA throughput, non-causal (ratio of medians; median of per-round ratios) "
-            f"| ≥ 0.65 | {nc['ratio_of_medians']:.2f}; {nc['median_ratio']:.2f} |",
-            f"| tiled / SDPA throughput, causal (ratio of medians; median of per-round ratios) "
-            f"| ≥ 0.65 | {c['ratio_of_medians']:.2f}; {c['median_ratio']:.2f} |",
-            f"| naive / tiled peak memory, non-causal ({fmt_mib(nc['naive_mib'])} MiB / "
-            f"{fmt_mib(nc['tiled_mib'])} MiB) | ≥ 50 | {mem_ratio:.0f} |",
-            f"| naive / tiled peak memory, causal ({fmt_mib(c['naive_mib'])} MiB / "
-            f"{fmt_mib(c['tiled_mib'])} MiB) | ≥ 50 | {mem_ratio_c:.0f} |",
-            f"| SDPA / matmul GFLOP/s, non-causal ({nc['sdpa_gflops']:.0f} / "
-            f"{nc['matmul_gflops']:.0f}) | reported | {nc['sdpa_of_matmul']:.2f} |",
-            f"| SDPA / matmul GFLOP/s, causal ({c['sdpa_gflops']:.0f} / "
-            f"{c['matmul_gflops']:.0f}) | reported | {c['sdpa_of_matmul']:.2f} |",
+            f"## SDPA backends (T = {T}, non-causal)",
             "",
-            "Per-round tiled/SDPA ratios, non-causal: "
-            + ", ".join(f"{r:.2f}" for r in nc["ratios"])
-            + "; causal: " + ", ".join(f"{r:.2f}" for r in c["ratios"]) + ".",
+            "Usable = the backend accepts a small problem in that dtype when forced with "
+            "`torch.nn.attention.sdpa_kernel`; ran = the kernel the default call used, from the "
+            "profiler's operator names; times are each usable backend forced in turn.",
+            "",
+            "| dtype | flash | mem_efficient | cudnn | math | default call ran | time per backend "
+            "(ms) |",
+            "|---|:---:|:---:|:---:|:---:|---|---|",
+        ]
+        for dtype, e in details["dtypes"].items():
+            if not e["works"]:
+                lines.append(f"| {dtype} | – | – | – | – | not supported on this device | |")
+                continue
+            marks = " | ".join("yes" if e["backends"][b] else "no"
+                               for b in ("flash", "mem_efficient", "cudnn", "math"))
+            times = ", ".join(f"{b} {1e3 * s:.2f}" for b, s in e["times"].items())
+            if e.get("oom"):
+                times += " (a backend ran out of memory)"
+            lines.append(f"| {dtype} | {marks} | {', '.join(e['ran']) or '?'} | {times} |")
+        mm = ", ".join(f"{k} {v:.0f}" for k, v in details["matmul_gflops"].items())
+        bw = details["bandwidth_gbs"]
+        mm32 = details["matmul_gflops"].get("float32")
+        flops = attention_flops(B, H, T, T, HEAD_DIM)
+        unfused = flops / attention_bytes(B, H, T, T, HEAD_DIM, fused=False)
+        fused = flops / attention_bytes(B, H, T, T, HEAD_DIM)
+        lines += [
+            "",
+            "## Timing without synchronising (SDPA, float32)",
+            "",
+            f"Bare clock, no synchronisation: {details['unsynchronised_ms']:.3f} ms per call; "
+            f"`torch.utils.benchmark` (synchronised): {details['synchronised_ms']:.3f} ms per "
+            "call.",
+            "",
+            "## Roofline numbers",
+            "",
+            f"Reference matmul ({MATMUL_N}², GFLOP/s): {mm}. Copy bandwidth: {bw:.1f} GB/s. "
+            + (f"Machine balance (float32): {mm32 / bw:.1f} FLOP/byte. " if mm32 else "")
+            + f"Arithmetic intensity at T = {T}, float32: unfused (scores written and read) "
+            f"{unfused:.1f} FLOP/byte, fused {fused:.0f} FLOP/byte.",
             "",
         ]
     lines += [
         "## All sizes",
         "",
-        "| T | causal | implementation | time (ms) | GFLOP/s | of matmul | peak memory (MiB) "
+        "| T | causal | implementation | time (ms) | GFLOP/s | vs matmul | peak memory (MiB) "
         "| naive score matrix by formula (MiB) |",
         "|---:|:---:|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         formula = naive_score_bytes(B, H, r["T"], r["T"]) / 2**20
+        causal = "yes" if r["causal"] else "no"
+        if r["status"] != "ok":
+            lines.append(f"| {r['T']} | {causal} | {r['impl']} | {r['status']} | | | | "
+                         f"{formula:.1f} |")
+            continue
         lines.append(
-            f"| {r['T']} | {'yes' if r['causal'] else 'no'} | {r['impl']} | {r['ms']:.2f} "
-            f"| {r['gflops']:.1f} | {r['of_matmul']:.2f} | {fmt_mib(r['peak_mib'])} "
-            f"| {formula:.1f} |"
+            f"| {r['T']} | {causal} | {r['impl']} | {r['ms']:.2f} | {r['gflops']:.1f} "
+            f"| {r['of_matmul']:.2f} | {fmt(r['peak_mib'])} | {formula:.1f} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -189,20 +384,30 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test")
     parser.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE)
+    parser.add_argument("--lengths", type=int, nargs="+", default=None,
+                        help="sequence lengths to time instead of the device's default plan")
     parser.add_argument("--out", type=Path, default=None,
                         help="output file (default benchmarks/results-<device>.md)")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     device = pick_device()
-    plan = "quick" if args.quick else ("cpu" if device.type == "cpu" else "gpu")
-    info = machine_info(device)
-    print("device:", device.type, "|", info["cpu"], "|", info["gpu"], flush=True)
-    t0 = time.perf_counter()
-    rows, targets = run(device, plan, args.block_size)
-    seconds = time.perf_counter() - t0
+    plan = PLANS["quick" if args.quick else ("cpu" if device.type == "cpu" else "gpu")]
+    if args.lengths:
+        lengths = tuple(sorted(args.lengths))
+        plan = Plan(lengths, min(plan.numpy_max, lengths[-1]), plan.rounds, plan.min_run_time,
+                    plan.target_rounds, lengths[0])
+    # NumPy's BLAS threads for the whole run (threadpoolctl acts on the loaded library, unlike an
+    # environment variable, which only counts if set before NumPy is first imported).
+    with threadpool_limits(limits=NUMPY_THREADS, user_api="blas"):
+        info = machine_info(device)
+        print("device:", device.type, "|", info["cpu"], "|", info["gpu"], flush=True)
+        t0 = time.perf_counter()
+        rows, targets, notes = run_lengths(device, plan, args.block_size, args.quick)
+        details = run_details(device, plan)
+        seconds = time.perf_counter() - t0
     out = args.out or ROOT / "benchmarks" / f"results-{device.type}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
-    text = markdown(device, rows, targets, info, args.block_size, seconds)
+    text = markdown(device, rows, targets, details, notes, info, args.block_size, seconds)
     out.write_text(text, encoding="utf-8")
     print(f"wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out} in {seconds:.0f} s")
     return 0

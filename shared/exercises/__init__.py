@@ -23,7 +23,7 @@ The exercises, by notebook (the checker names say what they check):
 * 02: ``check_weight_transfer``, ``check_attention_entropy``, ``check_permutation_equivariance``.
 * 03: ``check_causal_mask``, ``check_attention_dropout``, ``check_causal_bug_fix``.
 * 04: ``check_cross_attention``, ``check_split_merge_heads``, ``check_parameter_count``,
-  ``check_row_entropy``, ``check_attention_patterns``.
+  ``check_fused_attention``, ``check_grouped_query_attention``.
 * 05: ``check_time_call``, ``check_online_softmax_step``, ``check_score_memory``,
   ``check_block_size``.
 * 07: ``check_rotate_pair``, ``check_shift_change``, ``check_to_half_split``,

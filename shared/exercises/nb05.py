@@ -1,15 +1,25 @@
-"""Exercise checkers for notebook 05 Attention on the GPU (PyTorch)."""
+"""Exercise checkers for notebook 05 Attention on the GPU (PyTorch).
+
+References are computed before the learner's code runs, from inputs the learner only gets copies
+of; answers computed in float32 are accepted (float32 tolerances); numbers must be numbers (text
+that reads as one is rejected). The timing checker judges the procedure, not only the number: it
+hands the learner a simulated GPU (``shared.benchmark.SimulatedGPU``) and reads its event log.
+"""
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import numpy as np
 import torch
+
+from shared.benchmark import SimulatedGPU
 
 from ._core import (
     _arr,
     _call,
     _checker,
-    _close,
     _maxdiff,
     _rng,
     _shape,
@@ -25,37 +35,74 @@ __all__ = [
     "check_block_size",
 ]
 
-class _FakeGPU:
-    """A simulated asynchronous device with a virtual clock.
+ATOL, RTOL = 1e-5, 1e-4  # float32's tolerances: a float32 answer to a float64 question passes
 
-    ``launch()`` costs the host 5 microseconds and queues a kernel (50 ms the first time: warm-up,
-    then 2 ms); ``sync()`` waits until the queue is empty; ``clock()`` reads the host time."""
 
-    LAUNCH, FIRST, KERNEL = 5e-6, 50e-3, 2e-3
+def _close(a, b) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    return a.shape == b.shape and bool(np.allclose(a, b, atol=ATOL, rtol=RTOL))
 
-    def __init__(self):
-        self.now = 0.0
-        self.busy_until = 0.0
-        self.calls = self.syncs = self.reads = 0
-        self.calls_at_first_read = None
-        self.busy_at_first_read = None
 
-    def launch(self, *args, **kwargs):
-        self.now += self.LAUNCH
-        start = max(self.now, self.busy_until)
-        self.busy_until = start + (self.FIRST if self.calls == 0 else self.KERNEL)
-        self.calls += 1
+def _number(ans, what: str) -> float:
+    """A learner's number as a float: ints, floats, NumPy scalars and one-element tensors are
+    fine; text (even text that reads as a number), booleans and containers are not."""
+    if isinstance(ans, torch.Tensor) and ans.numel() == 1:
+        ans = ans.item()
+    if isinstance(ans, np.generic):
+        ans = ans.item()
+    if isinstance(ans, str):
+        raise _Wrong(f"you returned the text {ans!r}: return {what} as a number, not a string "
+                     "(no formatting, no units)")
+    if isinstance(ans, bool) or not isinstance(ans, numbers.Real):
+        raise _Wrong(f"return {what} as a number; got {type(ans).__name__}")
+    if not math.isfinite(ans):
+        raise _Wrong(f"return {what} as a finite number; got {ans}")
+    return float(ans)
 
-    def sync(self):
-        self.now = max(self.now, self.busy_until)
-        self.syncs += 1
 
-    def clock(self):
-        if self.reads == 0:
-            self.calls_at_first_read = self.calls
-            self.busy_at_first_read = self.busy_until > self.now
-        self.reads += 1
-        return self.now
+# --------------------------------------------------------------------------------------------
+# 5.1 Time a call correctly: the procedure, read from the simulated GPU's event log
+# --------------------------------------------------------------------------------------------
+def _timing_procedure(gpu: SimulatedGPU) -> int:
+    """Raise ``_Wrong`` unless the log shows warm-up, a sync before the clock starts, several
+    timed calls and a sync before the clock is read again; return the number of timed calls."""
+    log = gpu.log
+    reads = [i for i, e in enumerate(log) if e[0] == "clock"]
+    launches = [i for i, e in enumerate(log) if e[0] == "launch"]
+    if not launches:
+        raise _Wrong("time_call never called f")
+    if not reads:
+        raise _Wrong("read the time with the clock you are given (clock()), not time.perf_counter "
+                     "or time.time: on a real GPU it would be the same clock, and here it lets "
+                     "the checker's simulated GPU follow along")
+    if len(reads) < 2:
+        raise _Wrong("read the clock twice, once before and once after the timed calls")
+    first, last = reads[0], reads[-1]
+    if not any(i < first for i in launches):
+        raise _Wrong("the first call is slow (memory allocation, kernel selection, caches): make "
+                     "a few untimed warm-up calls before starting the clock")
+    timed = sum(first < i < last for i in launches)
+    if timed == 0:
+        raise _Wrong("call f() between the two clock readings: nothing was timed")
+    syncs = [i for i, e in enumerate(log) if e[0] == "sync"]
+    if not syncs:
+        raise _Wrong("the GPU works asynchronously: f() returns once the kernel is queued, so "
+                     "call sync() before reading the clock (and before starting it); without it "
+                     "you time only the kernel launches")
+    busy = [i for i in reads if log[i][2]]
+    if last in busy:
+        raise _Wrong("call sync() right before reading the clock at the end: kernels were still "
+                     "running when you read it, so you timed only their launches")
+    if first in busy:
+        raise _Wrong("synchronise before starting the clock too (after the warm-up): the warm-up "
+                     "kernels were still running, so their time was counted in your timing")
+    if busy:
+        raise _Wrong("call sync() before every clock reading: kernels were still running at one "
+                     "of your readings")
+    if timed < 2:
+        raise _Wrong("time several calls between the two readings and divide by their number: "
+                     "one call is too short to time reliably on a real machine")
+    return timed
 
 
 @_checker
@@ -63,38 +110,29 @@ def check_time_call(time_call):
     """``time_call(f, sync, clock=time.perf_counter)`` -> seconds per call of ``f()``, measured
     right: a few untimed warm-up calls, ``sync()`` before starting the clock, ``sync()`` before
     reading it again, the mean over several calls. The checker passes a simulated GPU."""
-    gpu = _FakeGPU()
-    ans = _call(time_call, gpu.launch, sync=gpu.sync, clock=gpu.clock, name="time_call")
-    try:
-        got = float(ans)
-    except (TypeError, ValueError):
-        raise _Wrong(f"return the seconds per call as a number; got {type(ans).__name__}") from None
-    k = gpu.KERNEL
-    if gpu.calls == 0:
-        raise _Wrong("time_call never called f")
-    if gpu.reads == 0:
-        raise _Wrong("read the time with the clock you are given (clock()), so the checker's "
-                     "simulated GPU can follow along")
-    if abs(got - k) <= 0.05 * k:
-        return (f"{got * 1e3:.2f} ms per call on the checker's simulated GPU (its first call "
-                "takes 50 ms, then 2 ms per kernel).")
-    if got < 0.5 * k:
-        raise _Wrong(f"you measured {got * 1e6:.1f} microseconds per call, but each kernel runs "
-                     "2 ms: the GPU works asynchronously, so call sync() before reading the clock "
-                     "at the end (you timed only the kernel launches)")
-    if gpu.calls_at_first_read == 0:
-        raise _Wrong("the first call is slow (memory allocation, kernel selection, caches): make "
-                     "a few untimed warm-up calls before starting the clock")
-    if gpu.busy_at_first_read:
-        raise _Wrong("synchronise before starting the clock too (after the warm-up): otherwise "
-                     "unfinished warm-up work is counted in your timing")
-    ratio = got / k
-    if abs(ratio - round(ratio)) < 0.05 * ratio and round(ratio) >= 2:
-        raise _Wrong(f"you returned {got * 1e3:.2f} ms, about {round(ratio)} calls' worth: return "
-                     "the time per call (divide by the number of timed calls)")
-    if abs(got - k * 1e3) <= 0.05 * k * 1e3:
-        raise _Wrong("return seconds, not milliseconds")
-    raise _Wrong(f"expected about {k * 1e3:.2f} ms per call (as seconds: {k}); got {got:.6f} s")
+    notes = []
+    for kernel_s in (2e-3, 3.5e-3):  # two speeds: a hard-coded answer cannot pass both
+        gpu = SimulatedGPU(kernel_s=kernel_s, first_s=50e-3, launch_s=5e-6)
+        ans = _call(time_call, gpu.launch, sync=gpu.synchronize, clock=gpu.clock,
+                    name="time_call")
+        got = _number(ans, "the seconds per call")
+        timed = _timing_procedure(gpu)
+        k = kernel_s
+        if abs(got - k) <= 0.05 * k:
+            notes.append(got)
+            continue
+        if abs(got - k * 1e3) <= 0.05 * k * 1e3:
+            raise _Wrong("return seconds, not milliseconds")
+        if abs(got - k * 1e6) <= 0.05 * k * 1e6:
+            raise _Wrong("return seconds, not microseconds")
+        if timed >= 2 and abs(got - timed * k) <= 0.05 * timed * k:
+            raise _Wrong(f"you returned {got * 1e3:.2f} ms, the time of all {timed} timed calls: "
+                         "return the time per call (divide by the number of timed calls)")
+        raise _Wrong(f"the procedure looks right but the result is {got:.6f} s per call; the "
+                     f"simulated kernel takes {k * 1e3:g} ms: compute (end - start) / calls from "
+                     "the clock readings, not a fixed number")
+    return (f"{notes[0] * 1e3:.2f} ms per call on the checker's simulated GPU (its first call "
+            "takes 50 ms, then 2 ms per kernel); warm-up, sync, several calls, sync: all there.")
 
 
 def _online_ref(m, l, acc, s, v):
@@ -145,7 +183,11 @@ def check_online_softmax_step(online_softmax_step):
             raise _Wrong("nan in your update: use exp(m_old - m_new) for the rescale factor (it is "
                          "0 on the first step, when m_old = -inf)")
         if not _close(got[0], m_new):
-            if _close(got[0], s.max(axis=-1, keepdims=True)) or _close(got[0], s.max()):
+            if _close(got[0], np.full((n, 1), max(m.max(), s.max()))):
+                raise _Wrong("m_new is per query row: the larger of each row's old maximum and "
+                             "that row's largest new score (s.amax(dim=-1, keepdim=True)), not "
+                             "the maximum over the whole block")
+            if _close(got[0], s.max(axis=-1, keepdims=True)):
                 raise _Wrong("m_new must be the larger of the old maximum m and this block's "
                              "maximum: torch.maximum(m, s.amax(dim=-1, keepdim=True))")
             raise _Wrong("m_new should be torch.maximum(m, s.amax(dim=-1, keepdim=True))")
@@ -197,10 +239,7 @@ def check_score_memory(score_memory_bytes):
     for B, H, T, bs, dtype in cases:
         ans = _call(score_memory_bytes, B, H, T, block_size=bs, dtype=dtype,
                     name="score_memory_bytes")
-        try:
-            got = float(ans)
-        except (TypeError, ValueError):
-            raise _Wrong(f"return a number of bytes; got {type(ans).__name__}") from None
+        got = _number(ans, "the number of bytes")
         e = _dtype_bytes(dtype)
         side = T if bs is None else min(bs, T)
         ref = B * H * side * side * e
@@ -228,35 +267,56 @@ def check_score_memory(score_memory_bytes):
     return "naive attention's scores grow as T^2; a tile's do not grow with T at all."
 
 
+def _largest_block(n_tiles: int, element: int, budget: int, strict: bool = False) -> int:
+    """The largest power of two b with n_tiles * b * b * element <= budget (< when strict)."""
+    b = 1
+    while (n_tiles * (2 * b) ** 2 * element < budget if strict
+           else n_tiles * (2 * b) ** 2 * element <= budget):
+        b *= 2
+    return b
+
+
 @_checker
 def check_block_size(choose_block_size):
     """``choose_block_size(B, H, budget_bytes, dtype=torch.float32)`` -> the largest power of two
     ``b`` (1, 2, 4, ...) whose score tiles, ``B * H * b * b`` elements, fit in ``budget_bytes``."""
     cases = ((1, 1, 64, torch.float32), (2, 12, 2 ** 20, torch.float32),
              (2, 12, 2 ** 20, torch.float16), (1, 1, 100, torch.float32),
-             (8, 32, 2 ** 30, torch.bfloat16))
+             (8, 32, 2 ** 30, torch.bfloat16), (3, 1, 3 * 16 * 16 * 4, torch.float32))
+    got, refs = [], []
     for B, H, budget, dtype in cases:
         ans = _call(choose_block_size, B, H, budget, dtype=dtype, name="choose_block_size")
-        try:
-            got = float(ans)
-        except (TypeError, ValueError):
-            raise _Wrong(f"return a block size (an int); got {type(ans).__name__}") from None
-        e = _dtype_bytes(dtype)
-        ref = 1
-        while B * H * (2 * ref) ** 2 * e <= budget:
-            ref *= 2
-        if got == ref:
-            continue
-        what = f"B={B}, H={H}, budget={budget:,} bytes, {dtype}"
-        tile = B * H * got * got * e
-        if got > 0 and got == int(got) and int(got) & (int(got) - 1):
-            raise _Wrong(f"block sizes are powers of two: round down to one ({what}: got "
-                         f"{got:g}, expected {ref})")
-        if got == 2 * ref:
-            raise _Wrong(f"a block of {got:g} needs {tile:,.0f} bytes, more than the budget: pick "
-                         f"the largest block that still fits ({what})")
-        if got > ref:
-            raise _Wrong(f"a block of {got:g} needs {tile:,.0f} bytes of scores: did you forget "
-                         f"B * H or the bytes per element? ({what})")
-        raise _Wrong(f"a larger block still fits: {what} allows {ref}; got {got:g}")
-    return "the largest power-of-two tile that fits the budget."
+        got.append(_number(ans, "the block size"))
+        refs.append(_largest_block(B * H, _dtype_bytes(dtype), budget))
+    if got == refs:
+        return "the largest power-of-two tile that fits the budget."
+    # Name the mistake that explains every case, then fall back to the first case that differs.
+    patterns = (
+        ("you returned the tile's bytes; return the block size b itself",
+         lambda B, H, budget, e, ref: B * H * ref * ref * e),
+        ("a tile that fills the budget exactly still fits: compare with <=, not <",
+         lambda B, H, budget, e, ref: _largest_block(B * H, e, budget, strict=True)),
+        ("there is one tile per (batch, head) pair: multiply b * b by B * H",
+         lambda B, H, budget, e, ref: _largest_block(1, e, budget)),
+        ("multiply by the bytes per element (4 for float32, 2 for float16/bfloat16)",
+         lambda B, H, budget, e, ref: _largest_block(B * H, 1, budget)),
+        ("you returned the first block that no longer fits: pick the largest block that still "
+         "fits (half of yours)", lambda B, H, budget, e, ref: 2 * ref),
+    )
+    args = [(B, H, budget, _dtype_bytes(dtype), ref)
+            for (B, H, budget, dtype), ref in zip(cases, refs, strict=True)]
+    for hint, pattern in patterns:
+        expected = [pattern(*a) for a in args]
+        if expected != refs and all(g == x for g, x in zip(got, expected, strict=True)):
+            raise _Wrong(hint)
+    i = next(i for i, (g, r) in enumerate(zip(got, refs, strict=True)) if g != r)
+    (B, H, budget, dtype), g, ref = cases[i], got[i], refs[i]
+    what = f"B={B}, H={H}, budget={budget:,} bytes, {dtype}"
+    if g > 0 and g == int(g) and int(g) & (int(g) - 1):
+        raise _Wrong(f"block sizes are powers of two: round down to one ({what}: got {g:g}, "
+                     f"expected {ref})")
+    if g > ref:
+        tile = B * H * g * g * _dtype_bytes(dtype)
+        raise _Wrong(f"a block of {g:g} needs {tile:,.0f} bytes of scores, more than the budget "
+                     f"({what})")
+    raise _Wrong(f"a larger block still fits: {what} allows {ref}; got {g:g}")

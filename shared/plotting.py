@@ -284,7 +284,7 @@ def plot_word_links(words, query: int, strong: int, weak: int | None = None,
         ax.annotate("", xy=(target, 0.15), xytext=(query, 0.15),
                     arrowprops={"arrowstyle": "->", "lw": lw, "color": color, "ls": ls,
                                 "connectionstyle": "arc3,rad=0.35"})
-        height = 0.25 + 0.12 * abs(query - target)
+        height = 0.3 + 0.14 * abs(query - target)
         ax.text((query + target) / 2, height, label, color=color, fontsize=9, ha="center")
     ax.set_xlim(-0.8, T - 0.2)
     ax.set_ylim(-0.4, 1.4)

@@ -116,6 +116,21 @@ def log_softmax_log2(x):
     return log_softmax_ok(x) / np.log(2)
 
 
+def log_softmax_clipped(x):  # hides the underflow, but log(1e-300) is not -1000
+    return np.log(np.clip(np_softmax(x), 1e-300, None))
+
+
+def log_softmax_no_keepdims(x):
+    z = x - x.max(axis=-1)
+    return z - np.log(np.exp(z).sum(axis=-1))
+
+
+def log_softmax_no_keepdims_if_square(x):  # reaches the square case, where shapes still work
+    if x.ndim != 2 or x.shape[0] != x.shape[1]:
+        return log_softmax_ok(x)
+    return log_softmax_no_keepdims(x)
+
+
 def log_softmax_as_text(x):
     return str(log_softmax_ok(x).tolist())
 
@@ -745,6 +760,7 @@ CASES = [
     (C.check_predicted_row, (PRED_W4, [1.0, 1.0]), False, "x_c itself"),
     (C.check_predicted_row, ("0.1554 0.4223 0.4223", PRED_Z4), False, "not the text"),
     (C.check_predicted_row, (lambda: PRED_W4, PRED_Z4), False, "not a function"),
+    (C.check_predicted_row, ([15.54, 42.23, 42.23], PRED_Z4), False, "sum to 100.0000"),
     (C.check_log_softmax, (log_softmax_torch,), True, OK),
     (C.check_log_softmax, (log_softmax_float32,), True, OK),
     (C.check_log_softmax, (log_softmax_ok,), True, OK),
@@ -760,6 +776,9 @@ CASES = [
     (C.check_log_softmax, (log_softmax_in_place,), False, "in place"),
     (C.check_log_softmax, (log_softmax_log2,), False, "natural logarithm"),
     (C.check_log_softmax, (log_softmax_as_text,), False, "not the text"),
+    (C.check_log_softmax, (log_softmax_clipped,), False, "hides the underflow"),
+    (C.check_log_softmax, (log_softmax_no_keepdims,), False, "could not be broadcast"),
+    (C.check_log_softmax, (log_softmax_no_keepdims_if_square,), False, "keepdims=True is missing"),
     (C.check_log_softmax, (42,), False, "expected a function"),
     (C.check_cosine_attention, (cosine_ok,), True, OK),
     (C.check_cosine_attention, (cosine_loop,), True, OK),

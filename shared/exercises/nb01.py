@@ -42,7 +42,7 @@ __all__ = [
 def _numbers(x, what: str) -> np.ndarray:
     """A learner's *value* (list, array, tensor) as float64: no functions, strings or booleans."""
     if callable(x) and not isinstance(x, (np.ndarray, torch.Tensor)):
-        raise _Wrong(f"{what}: type the numbers themselves (e.g. [0.1, 0.2, 0.7]), not a function")
+        raise _Wrong(f"{what}: give the numbers themselves (a list or an array), not a function")
     if isinstance(x, (str, bytes)):
         text = repr(x) if len(x) <= 40 else repr(x[:37]) + "..."
         raise _Wrong(f"{what} should be numbers, not the text {text}")
@@ -213,6 +213,10 @@ def check_log_softmax(log_softmax):
             via_min = shift_min - np.log(np.exp(shift_min).sum(axis=-1, keepdims=True))
             shift_all = x - x.max()
             via_global = shift_all - np.log(np.exp(shift_all).sum(axis=-1, keepdims=True))
+            no_keepdims = None
+            if x.ndim == 2 and x.shape[0] == x.shape[1]:
+                z = x - x.max(axis=-1)  # broadcasts the row maxima along the rows
+                no_keepdims = z - np.log(np.exp(z).sum(axis=-1))
         if not finite.all():
             if kind == "span" and np.array_equal(finite, np.isfinite(log_of_softmax)):
                 raise _Wrong(f"-inf for the row {x[0].tolist()}: you took the log of the softmax, "
@@ -243,10 +247,16 @@ def check_log_softmax(log_softmax):
              via_global if np.isfinite(via_global).all() else None),
             ("shifting by the minimum is not enough (a row spanning more than 709 overflows): "
              "shift by the maximum", via_min if np.isfinite(via_min).all() else None),
+            ("keepdims=True is missing: without it the row maxima (or sums) of a square input "
+             "broadcast along the wrong axis", no_keepdims),
         ], atol=1e-5)
+        if kind == "span":
+            raise _Wrong(f"for the row {x[0].tolist()} your values are off by up to "
+                         f"{_maxdiff(got, ref)}: clipping the weights or adding a small epsilon "
+                         "before the log hides the underflow but gives the wrong number (log of "
+                         "e^-1000 is -1000); compute (x - max) - log(sum(exp(x - max)))")
         raise _Wrong(f"for x = {x.tolist()} your values differ from log(softmax(x)) by up to "
-                     f"{_maxdiff(got, ref)} (did you forget keepdims=True? without it a square "
-                     "input broadcasts the wrong way)")
+                     f"{_maxdiff(got, ref)}")
     return "finite for scores like 1000 and for rows spanning more than 709."
 
 
@@ -271,8 +281,8 @@ def check_cosine_attention(cosine_attention_weights):
         ref = _cosine_weights(X)
         T = X.shape[0]
         x_in = X.copy()
-        got = _numbers(_call(cosine_attention_weights, x_in, name="cosine_attention_weights",
-                             on_error="return only the (T, T) weights"), "the weights")
+        got = _numbers(_call(cosine_attention_weights, x_in, name="cosine_attention_weights"),
+                       "the weights")
         if got.shape != (T, T) and got.ndim == 2 and got.shape[1] == X.shape[1]:
             raise _Wrong(f"return the weights (T, T) = {(T, T)}, not context vectors "
                          f"{got.shape}")

@@ -109,9 +109,7 @@ def check_sliding_window_attention(SlidingWindowAttention):
     for case, (d_in, d_out, n, window, B, T) in enumerate(cases):
         torch.manual_seed(310 + case)
         module = _call(SlidingWindowAttention, d_in, d_out, n, window,
-                       name="SlidingWindowAttention",
-                       on_error="the signature is SlidingWindowAttention(d_in, d_out, "
-                                "context_length, window)")
+                       name="SlidingWindowAttention")
         if not isinstance(module, nn.Module):
             raise _Wrong(f"SlidingWindowAttention(...) should build an nn.Module; got "
                          f"{type(module).__name__}: subclass nn.Module and call "

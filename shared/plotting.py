@@ -3,6 +3,10 @@
 Conventions: queries run down the rows, keys across the columns; masked cells (where the boolean
 mask is False, i.e. "may not attend") are drawn as grey hatching, distinct from a small weight.
 Both functions accept NumPy arrays or PyTorch tensors (moved to the CPU and detached).
+
+Two explanatory diagrams for notebook 01 live here too, so the notebook shows one call instead of
+fifty lines of box drawing: ``plot_bottleneck`` (encoder-decoder RNN vs attention) and
+``plot_word_links`` (which words a query word should look at).
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import seaborn as sns
 
-__all__ = ["plot_attention", "plot_heads"]
+__all__ = ["plot_attention", "plot_heads", "plot_bottleneck", "plot_word_links"]
 
 MASKED_COLOR = "#d9d9d9"
 
@@ -132,12 +136,16 @@ def plot_heads(
     titles=None,
     suptitle: str = "Attention weights per head",
     vmax: float | None = 1.0,
+    cbar: bool = False,
 ):
     """Draw one heatmap per head in a grid and return the ``Figure``.
 
     Shapes:
         weights: ``(num_heads, T_q, T_k)``; mask broadcastable to it (True = may attend).
         titles: ``num_heads`` strings (default "head 0", "head 1", ...).
+
+    ``cbar=True`` adds one colour bar shared by every panel (all panels use the same scale:
+    [0, ``vmax``], or the data's overall range when ``vmax=None``).
     """
     w = _to_numpy("weights", weights)
     if w.ndim != 3:
@@ -154,9 +162,14 @@ def plot_heads(
     ncols = max(1, min(ncols, H))
     nrows = -(-H // ncols)
     fig, axes = plt.subplots(
-        nrows, ncols, figsize=(0.5 * T_k * ncols + 1.5 * ncols, 0.45 * T_q * nrows + 1.2 * nrows),
+        nrows, ncols,
+        figsize=(0.5 * T_k * ncols + 1.5 * ncols + (1.0 if cbar else 0.0),
+                 0.45 * T_q * nrows + 1.2 * nrows),
         squeeze=False, constrained_layout=True,
     )
+    if vmax is None:  # one scale for every panel, so a shared colour bar means the same everywhere
+        shown = w if allowed is None else w[allowed]
+        vmax = float(shown.max()) if shown.size else 1.0
     for h, ax in enumerate(axes.flat):
         if h >= H:
             ax.axis("off")
@@ -169,5 +182,112 @@ def plot_heads(
             ax.set_ylabel("")
         if h < H - ncols:
             ax.set_xlabel("")
+    if cbar:
+        mappable = axes.flat[0].collections[0]
+        fig.colorbar(mappable, ax=list(axes.flat), label="attention weight", shrink=0.9)
     fig.suptitle(suptitle)
     return fig
+
+
+# --------------------------------------------------------------------------------------------
+# Diagrams for notebook 01 (pictures of ideas, not of computed numbers)
+# --------------------------------------------------------------------------------------------
+_ENC, _DEC, _CTX, _ARROW = "#cfe2f3", "#d9ead3", "#f4cccc", "#b45f06"
+
+
+def _box(ax, x: float, y: float, text: str, color: str, w: float = 0.8, h: float = 0.5) -> None:
+    ax.add_patch(plt.Rectangle((x - w / 2, y - h / 2), w, h, facecolor=color, edgecolor="black"))
+    ax.text(x, y, text, ha="center", va="center", fontsize=9)
+
+
+def _arrow(ax, start, end, lw: float = 1.0, color: str = "black") -> None:
+    ax.annotate("", xy=end, xytext=start, arrowprops={"arrowstyle": "->", "lw": lw, "color": color})
+
+
+def plot_bottleneck(words, weights, decoder_steps: int = 4):
+    """Two diagrams side by side and return the ``Figure``: left, an encoder-decoder RNN whose
+    decoder sees only the last encoder state ``h_T`` (the bottleneck); right, a decoder step that
+    reads a weighted average of every encoder state, arrow widths proportional to ``weights``.
+
+    Shapes: ``words``: ``T`` source words; ``weights``: ``T`` non-negative numbers (illustrative,
+    drawn as given and printed on the arrows).
+    """
+    words = [str(w) for w in words]
+    a = _to_numpy("weights", weights)
+    if a.ndim != 1 or a.shape[0] != len(words):
+        raise ValueError(f"weights must have one entry per word: {len(words)} words, "
+                         f"got weights of shape {a.shape}")
+    if (a < 0).any():
+        raise ValueError("weights must be non-negative (they are drawn as arrow widths)")
+    T = len(words)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
+    for ax in (left, right):
+        for i, word in enumerate(words):
+            _box(ax, i, 0, f"$h_{{{i + 1}}}$", _ENC)
+            ax.text(i, -0.6, word, ha="center", fontsize=8)
+    # Left: everything passes through one fixed-size vector c = h_T.
+    for i in range(1, T):
+        _arrow(left, (i - 0.6, 0), (i - 0.4, 0))
+    last = T - 1
+    _box(left, last, 1.4, "c", _CTX, w=0.6)
+    _arrow(left, (last, 0.25), (last, 1.15), lw=2)
+    first = max(0, last - decoder_steps + 1)
+    for j in range(decoder_steps):
+        x = first + j
+        _box(left, x, 2.8, f"$s_{{{j + 1}}}$", _DEC)
+        _arrow(left, (last, 1.65), (x, 2.55), color=_ARROW)
+        if j:
+            _arrow(left, (x - 0.6, 2.8), (x - 0.4, 2.8))
+    left.text(min(0.9, last / 2), 1.4, "one fixed-size vector\ncarries the whole sentence",
+              ha="center", fontsize=9)
+    left.set_title("Encoder-decoder RNN: the bottleneck")
+    # Right: the decoder state looks back at every encoder state.
+    centre = (T - 1) / 2
+    for i in range(T):
+        _arrow(right, (i, 0.25), (centre, 2.55), lw=0.5 + 8 * float(a[i]), color=_ARROW)
+        right.text(i + 0.05 * (centre - i), 0.75, f"{a[i]:.2f}", ha="center", fontsize=8)
+    _box(right, centre, 2.8, "$s_t$", _DEC)
+    right.text(min(centre + 2.2, T - 0.3), 2.8, "decoder reads a weighted\naverage of all states",
+               ha="center", fontsize=9)
+    right.set_title("With attention: look back at every state")
+    for ax in (left, right):
+        ax.set_xlim(-0.8, T - 0.2)
+        ax.set_ylim(-0.9, 3.3)
+        ax.axis("off")
+    fig.tight_layout()
+    return fig
+
+
+def plot_word_links(words, query: int, strong: int, weak: int | None = None,
+                    title: str = "", strong_label: str = "strong", weak_label: str = "weak"):
+    """Write a sentence on one line and draw curved arrows from word ``query`` to word ``strong``
+    (thick) and, optionally, to word ``weak`` (thin, dashed). Returns the ``Axes``.
+
+    Shapes: ``words``: ``T`` strings; ``query``, ``strong``, ``weak``: indices in ``0 .. T-1``.
+    """
+    words = [str(w) for w in words]
+    T = len(words)
+    for name, idx in (("query", query), ("strong", strong), ("weak", weak)):
+        if idx is None and name == "weak":
+            continue
+        if isinstance(idx, bool) or not isinstance(idx, (int, np.integer)) or not 0 <= idx < T:
+            raise ValueError(f"{name} must be a word index in 0..{T - 1}; got {idx!r}")
+    fig, ax = plt.subplots(figsize=(max(6.0, T), 2.6))
+    for x, word in enumerate(words):
+        bold = x in (query, strong)
+        ax.text(x, 0, word, ha="center", va="center", fontsize=11,
+                fontweight="bold" if bold else "normal")
+    links = [(strong, 3.0, _ARROW, "-", strong_label)]
+    if weak is not None:
+        links.append((weak, 1.0, "grey", "--", weak_label))
+    for target, lw, color, ls, label in links:
+        ax.annotate("", xy=(target, 0.15), xytext=(query, 0.15),
+                    arrowprops={"arrowstyle": "->", "lw": lw, "color": color, "ls": ls,
+                                "connectionstyle": "arc3,rad=0.35"})
+        height = 0.3 + 0.14 * abs(query - target)
+        ax.text((query + target) / 2, height, label, color=color, fontsize=9, ha="center")
+    ax.set_xlim(-0.8, T - 0.2)
+    ax.set_ylim(-0.4, 1.4)
+    ax.axis("off")
+    ax.set_title(title)
+    return ax

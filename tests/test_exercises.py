@@ -55,85 +55,126 @@ def np_softmax(x, axis=-1):
 
 
 # 01 ------------------------------------------------------------------------------------------
-def weights_ok(X, i):
-    return np_softmax(X @ X[i])
+# Exercise 1.1: query c = (1, 1) among a = (1, 0), b = (0, 2): scores 1, 2, 2.
+E = math.e
+PRED_W = [1 / (1 + 2 * E), E / (1 + 2 * E), E / (1 + 2 * E)]
+PRED_Z = [PRED_W[0] + PRED_W[2], 2 * PRED_W[1] + PRED_W[2]]
+PRED_W4 = [0.1554, 0.4223, 0.4223]  # what a learner types: 4 decimals
+PRED_Z4 = [0.5777, 1.2670]
 
 
-def weights_raw(X, i):
-    return X @ X[i]
+def log_softmax_torch(x):  # PyTorch's own, an independent reference
+    return torch.log_softmax(torch.from_numpy(x), dim=-1)
 
 
-def weights_divsum(X, i):
-    s = X @ X[i]
-    return s / s.sum()
+def log_softmax_float32(x):
+    return torch.log_softmax(torch.from_numpy(x).float(), dim=-1)
 
 
-def weights_next_query(X, i):
-    return np_softmax(X @ X[(i + 1) % len(X)])
-
-
-def weights_2d(X, i):
-    return np_softmax(X @ X[i])[None, :]
-
-
-def softmax_ok(x):
+def log_softmax_ok(x):
     z = x - x.max(axis=-1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
 
 
-def softmax_naive(x):
-    e = np.exp(x)
-    return e / e.sum(axis=-1, keepdims=True)
+def log_of_softmax(x):
+    return np.log(np_softmax(x))
 
 
-def softmax_axis0(x):
-    z = x - x.max(axis=0, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(axis=0, keepdims=True)
+def log_softmax_naive(x):
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
 
-def softmax_global_max(x):
-    e = np.exp(x - x.max())
-    return e / e.sum(axis=-1, keepdims=True)
+def log_softmax_min_shift(x):
+    z = x - x.min(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
 
 
-def softmax_no_norm(x):
-    return np.exp(x - x.max(axis=-1, keepdims=True))
+def log_softmax_mean_shift(x):
+    z = x - x.mean(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
 
 
-def softmax_in_place(x):
+def log_softmax_global_max(x):
+    z = x - x.max()
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+def log_softmax_returns_weights(x):
+    return np_softmax(x)
+
+
+def log_softmax_no_logsumexp(x):
+    return x - x.max(axis=-1, keepdims=True)
+
+
+def log_softmax_in_place(x):
     x -= x.max(axis=-1, keepdims=True)
-    e = np.exp(x)
-    return e / e.sum(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
 
-def softmax_crashes(x):
-    return np.exp(x) / undefined_name  # noqa: F821
+def log_softmax_log2(x):
+    return log_softmax_ok(x) / np.log(2)
 
 
-def context_ok(X):
-    return np_softmax(X @ np.swapaxes(X, -1, -2)) @ X
+def log_softmax_clipped(x):  # hides the underflow, but log(1e-300) is not -1000
+    return np.log(np.clip(np_softmax(x), 1e-300, None))
 
 
-def context_dot_T(X):  # right for one sequence, wrong for a batch
-    return np_softmax(X @ X.T) @ X
+def log_softmax_no_keepdims(x):
+    z = x - x.max(axis=-1)
+    return z - np.log(np.exp(z).sum(axis=-1))
 
 
-def context_raw(X):
-    return (X @ X.T) @ X
+def log_softmax_no_keepdims_if_square(x):  # reaches the square case, where shapes still work
+    if x.ndim != 2 or x.shape[0] != x.shape[1]:
+        return log_softmax_ok(x)
+    return log_softmax_no_keepdims(x)
 
 
-def context_axis0(X):
-    return np_softmax(X @ X.T, axis=0) @ X
+def log_softmax_as_text(x):
+    return str(log_softmax_ok(x).tolist())
 
 
-def context_weights_only(X):
+def cosine_ok(X):
+    U = torch.nn.functional.normalize(torch.from_numpy(X), dim=-1)
+    return torch.softmax(U @ U.T, dim=-1)
+
+
+def cosine_loop(X):
+    T = X.shape[0]
+    cos = np.array([[X[i] @ X[j] / (np.linalg.norm(X[i]) * np.linalg.norm(X[j])) for j in range(T)]
+                    for i in range(T)])
+    return np_softmax(cos)
+
+
+def cosine_dot_product(X):
     return np_softmax(X @ X.T)
 
 
-def context_scaled(X):
-    return np_softmax(X @ X.T / np.sqrt(X.shape[1])) @ X
+def cosine_query_norm_only(X):
+    return np_softmax(X @ X.T / np.linalg.norm(X, axis=1, keepdims=True))
+
+
+def cosine_no_softmax(X):
+    n = np.linalg.norm(X, axis=1, keepdims=True)
+    return (X @ X.T) / (n * n.T)
+
+
+def cosine_squared(X):
+    n2 = (X * X).sum(axis=1, keepdims=True)
+    return np_softmax((X @ X.T) / (n2 * n2.T))
+
+
+def cosine_returns_tuple(X):
+    A = cosine_loop(X)
+    return A @ X, A
+
+
+DESIGN_OK = np.array([[1.0, 0.0], [2.0, 0.0], [0.0, 0.0]])
+DESIGN_OK_NONZERO = [[1.0, 0.0], [2.0, 1.0], [0.5, -0.5]]  # x2 orthogonal-ish, equal scores
+DESIGN_SELF = [[1.0, 0.0], [0.5, 0.0], [0.0, 0.0]]
+DESIGN_NOT_UNIFORM = [[1.0, 0.0], [2.0, 0.0], [1.0, 1.0]]
+DESIGN_QUERY1 = [[1.0, 0.0], [2.0, 1.0], [0.0, 5.0]]
 
 
 def fixed_loop(X):
@@ -145,6 +186,11 @@ def fixed_loop(X):
     return context
 
 
+def context_torch_float32(X):
+    Xt = torch.from_numpy(X).float()
+    return torch.softmax(Xt @ Xt.T, dim=-1) @ Xt
+
+
 def buggy_loop(X):
     context = np.zeros_like(X)
     for i in range(X.shape[0]):
@@ -154,120 +200,208 @@ def buggy_loop(X):
     return context
 
 
+def context_axis0(X):
+    return np_softmax(X @ X.T, axis=0) @ X
+
+
+def context_weights_only(X):
+    return np_softmax(X @ X.T)
+
+
+def context_reversed_rows(X):
+    return fixed_loop(X)[::-1]
+
+
+def context_in_place(X):
+    X[:] = np_softmax(X @ X.T) @ X
+    return X
+
+
 # 02 ------------------------------------------------------------------------------------------
-def transfer_ok(sa_v1, sa_v2):
-    with torch.no_grad():
-        sa_v1.W_query.copy_(sa_v2.W_query.weight.T)
-        sa_v1.W_key.copy_(sa_v2.W_key.weight.T)
-        sa_v1.W_value.copy_(sa_v2.W_value.weight.T)
+# Keys measure "dimension 0 minus dimension 1" (largest for "one"), every query asks for it.
+ONE_W_Q, ONE_W_K = 20.0 * np.ones((3, 1)), np.array([[1.0], [-1.0], [0.0]])
 
 
-def transfer_new_parameters(sa_v1, sa_v2):
-    sa_v1.W_query = torch.nn.Parameter(sa_v2.W_query.weight.T.detach().clone())
-    sa_v1.W_key = torch.nn.Parameter(sa_v2.W_key.weight.T.detach().clone())
-    sa_v1.W_value = torch.nn.Parameter(sa_v2.W_value.weight.T.detach().clone())
+def scale_ok(d_k, sigma_q, sigma_k):
+    return math.sqrt(d_k) * sigma_q * sigma_k
 
 
-def transfer_no_transpose(sa_v1, sa_v2):
-    with torch.no_grad():
-        sa_v1.W_query.copy_(sa_v2.W_query.weight)
-        sa_v1.W_key.copy_(sa_v2.W_key.weight)
-        sa_v1.W_value.copy_(sa_v2.W_value.weight)
+def scale_tensor(d_k, sigma_q, sigma_k):
+    return torch.tensor(d_k, dtype=torch.float32).sqrt() * sigma_q * sigma_k
 
 
-def transfer_swapped(sa_v1, sa_v2):
-    with torch.no_grad():
-        sa_v1.W_query.copy_(sa_v2.W_key.weight.T)
-        sa_v1.W_key.copy_(sa_v2.W_query.weight.T)
-        sa_v1.W_value.copy_(sa_v2.W_value.weight.T)
+def scale_sqrt_dk(d_k, sigma_q, sigma_k):
+    return math.sqrt(d_k)
 
 
-def transfer_wrong_direction(sa_v1, sa_v2):
-    with torch.no_grad():
-        sa_v2.W_query.weight.copy_(sa_v1.W_query.T)
-        sa_v2.W_key.weight.copy_(sa_v1.W_key.T)
-        sa_v2.W_value.weight.copy_(sa_v1.W_value.T)
+def scale_variances(d_k, sigma_q, sigma_k):
+    return math.sqrt(d_k) * sigma_q ** 2 * sigma_k ** 2
 
 
-def entropy_ok(Q, K, scaled=True):
-    scores = Q @ K.T
-    if scaled:
-        scores = scores / math.sqrt(K.shape[-1])
-    w = torch.softmax(scores, dim=-1)
-    return float(-torch.special.xlogy(w, w).sum(dim=-1).mean())
+def scale_reciprocal(d_k, sigma_q, sigma_k):
+    return 1 / (math.sqrt(d_k) * sigma_q * sigma_k)
 
 
-def entropy_unscaled(Q, K, scaled=True):
-    return entropy_ok(Q, K, scaled=False)
+def scale_as_text(d_k, sigma_q, sigma_k):
+    return f"{math.sqrt(d_k) * sigma_q * sigma_k}"
 
 
-def entropy_log2(Q, K, scaled=True):
-    return entropy_ok(Q, K, scaled) / math.log(2)
+def shift_lstsq(k, d_model, base=10000.0):
+    """Independent of any formula for M_k: solve PE[p] @ M = PE[p + k] over many positions."""
+    from shared.positional import sinusoidal_positional_encoding
+
+    pe = sinusoidal_positional_encoding(400, d_model, base=base)
+    lo, hi = max(0, -k), 400 - max(0, k)
+    return np.linalg.lstsq(pe[lo:hi], pe[lo + k:hi + k], rcond=None)[0]
 
 
-def entropy_nan(Q, K, scaled=True):
-    scores = Q @ K.T / (math.sqrt(K.shape[-1]) if scaled else 1.0)
-    w = torch.softmax(scores, dim=-1)
-    return float(-(w * w.log()).sum(dim=-1).mean())
+def _shift(k, d_model, base, omega_of, transpose=False):
+    M = np.zeros((d_model, d_model))
+    for i in range(d_model // 2):
+        a = k * omega_of(i)
+        block = np.array([[np.cos(a), -np.sin(a)], [np.sin(a), np.cos(a)]])
+        M[2 * i:2 * i + 2, 2 * i:2 * i + 2] = block.T if transpose else block
+    return M
 
 
-def entropy_per_row(Q, K, scaled=True):
-    w = torch.softmax(Q @ K.T / math.sqrt(K.shape[-1]), dim=-1)
-    return -torch.special.xlogy(w, w).sum(dim=-1)
+def shift_ok(k, d_model, base=10000.0):
+    return _shift(k, d_model, base, lambda i: base ** (-2 * i / d_model))
 
 
-def equivariant_ok(attention_fn, X, perm):
-    return bool(np.allclose(attention_fn(X[perm]), attention_fn(X)[perm]))
+def shift_backwards(k, d_model, base=10000.0):
+    return _shift(k, d_model, base, lambda i: base ** (-2 * i / d_model), transpose=True)
 
 
-def equivariant_unpermuted(attention_fn, X, perm):
-    return bool(np.allclose(attention_fn(X[perm]), attention_fn(X)))
+def shift_same_angle(k, d_model, base=10000.0):
+    return _shift(k, d_model, base, lambda i: 1.0)
 
 
-def equivariant_inverse(attention_fn, X, perm):
-    return bool(np.allclose(attention_fn(X[perm])[perm], attention_fn(X)))
+def shift_exponent_i(k, d_model, base=10000.0):
+    return _shift(k, d_model, base, lambda i: base ** (-i / d_model))
 
 
-def equivariant_exact(attention_fn, X, perm):
-    return bool(np.array_equal(attention_fn(X[perm]), attention_fn(X)[perm]))
+def shift_fixed_base(k, d_model, base=10000.0):
+    return _shift(k, d_model, 10000.0, lambda i: 10000.0 ** (-2 * i / d_model))
 
 
-def equivariant_always(attention_fn, X, perm):
-    return True
+def perm_ok(Z, Z_shuffled):
+    dist = ((Z_shuffled[:, None, :] - Z[None, :, :]) ** 2).sum(axis=-1)  # (T, T)
+    return dist.argmin(axis=1)
 
 
-def equivariant_array(attention_fn, X, perm):
-    return np.isclose(attention_fn(X[perm]), attention_fn(X)[perm])
+def perm_inverse(Z, Z_shuffled):
+    dist = ((Z_shuffled[:, None, :] - Z[None, :, :]) ** 2).sum(axis=-1)
+    return dist.argmin(axis=0)
+
+
+def perm_exact(Z, Z_shuffled):  # == on floats: no row matches exactly
+    return np.array([int(np.nonzero((Z == row).all(axis=1))[0][0]) for row in Z_shuffled])
+
+
+def perm_as_floats(Z, Z_shuffled):
+    return perm_ok(Z, Z_shuffled).astype(float).tolist()
+
+
+def perm_first_column_only(Z, Z_shuffled):  # rounding decides ties of a single coordinate
+    return np.array([int(np.argmin(np.abs(Z[:, 0] - row[0]))) for row in Z_shuffled][:1] * len(Z))
 
 
 # 03 ------------------------------------------------------------------------------------------
-def mask_ok(T):
-    return np.tril(np.ones((T, T), dtype=bool))
+class WindowOK(torch.nn.Module):
+    def __init__(self, d_in, d_out, context_length, window):
+        super().__init__()
+        self.W_query = torch.nn.Linear(d_in, d_out, bias=False)
+        self.W_key = torch.nn.Linear(d_in, d_out, bias=False)
+        self.W_value = torch.nn.Linear(d_in, d_out, bias=False)
+        ones = torch.ones(context_length, context_length, dtype=torch.bool)
+        self.register_buffer("mask", ones.tril() & ~ones.tril(-window))
+
+    def forward(self, x):
+        T = x.shape[1]
+        Q, K, V = self.W_query(x), self.W_key(x), self.W_value(x)
+        scores = Q @ K.transpose(1, 2) / K.shape[-1] ** 0.5
+        scores = scores.masked_fill(~self.mask[:T, :T], float("-inf"))
+        return torch.softmax(scores, dim=-1) @ V
 
 
-def mask_upper(T):
-    return np.triu(np.ones((T, T), dtype=bool))
+class WindowSDPA(WindowOK):  # PyTorch's own attention with the boolean mask
+    def forward(self, x):
+        T = x.shape[1]
+        return torch.nn.functional.scaled_dot_product_attention(
+            self.W_query(x), self.W_key(x), self.W_value(x), attn_mask=self.mask[:T, :T])
 
 
-def mask_inverted(T):
-    return np.triu(np.ones((T, T), dtype=bool), k=1)
+class WindowStub(torch.nn.Module):
+    def __init__(self, d_in, d_out, context_length, window):
+        super().__init__()
+        self.W_query = torch.nn.Linear(d_in, d_out, bias=False)
+        self.W_key = torch.nn.Linear(d_in, d_out, bias=False)
+        self.W_value = torch.nn.Linear(d_in, d_out, bias=False)
+        # TODO: register the mask buffer
+
+    def forward(self, x):
+        # TODO: your code here
+        return None
 
 
-def mask_no_diagonal(T):
-    return np.tril(np.ones((T, T), dtype=bool), k=-1)
+class WindowPlainAttribute(WindowOK):
+    def __init__(self, d_in, d_out, context_length, window):
+        super().__init__(d_in, d_out, context_length, window)
+        mask = self.mask
+        del self._buffers["mask"]
+        self.mask = mask
 
 
-def mask_float(T):
-    return np.tril(np.ones((T, T)))
+class WindowParameter(WindowOK):
+    def __init__(self, d_in, d_out, context_length, window):
+        super().__init__(d_in, d_out, context_length, window)
+        mask = self.mask
+        del self._buffers["mask"]
+        self.mask = torch.nn.Parameter(mask.float(), requires_grad=False)
 
 
-def mask_torch(T):
-    return torch.ones(T, T, dtype=torch.bool).tril()
+class WindowNoSlice(WindowOK):
+    def forward(self, x):
+        Q, K, V = self.W_query(x), self.W_key(x), self.W_value(x)
+        scores = Q @ K.transpose(1, 2) / K.shape[-1] ** 0.5
+        return torch.softmax(scores.masked_fill(~self.mask, float("-inf")), dim=-1) @ V
+
+
+class WindowCausalBuffer(WindowOK):
+    def __init__(self, d_in, d_out, context_length, window):
+        super().__init__(d_in, d_out, context_length, window)
+        self.mask = torch.ones(context_length, context_length, dtype=torch.bool).tril()
+
+
+class WindowOffByOne(WindowOK):
+    def __init__(self, d_in, d_out, context_length, window):
+        super().__init__(d_in, d_out, context_length, window)
+        ones = torch.ones(context_length, context_length, dtype=torch.bool)
+        self.mask = ones.tril() & ~ones.tril(-window - 1)
+
+
+class WindowForwardIgnoresBuffer(WindowOK):
+    def forward(self, x):
+        T = x.shape[1]
+        Q, K, V = self.W_query(x), self.W_key(x), self.W_value(x)
+        causal = torch.ones(T, T, dtype=torch.bool).tril()
+        scores = (Q @ K.transpose(1, 2) / K.shape[-1] ** 0.5).masked_fill(~causal, float("-inf"))
+        return torch.softmax(scores, dim=-1) @ V
+
+
+class WindowReturnsTuple(WindowOK):
+    def forward(self, x):
+        return super().forward(x), None
 
 
 def dropout_ok(weights, p, rng):
     keep = rng.random(weights.shape) >= p
     return np.where(keep, weights / (1 - p), 0.0)
+
+
+def dropout_binomial_float32(weights, p, rng):
+    keep = rng.binomial(1, 1 - p, size=weights.shape).astype(np.float32)
+    return (weights.astype(np.float32) * keep / np.float32(1 - p))
 
 
 def dropout_no_rescale(weights, p, rng):
@@ -296,11 +430,39 @@ def dropout_global_rng(weights, p, rng):
     return np.where(keep, weights / (1 - p), 0.0)
 
 
+def dropout_drops_nothing(weights, p, rng):
+    return weights.copy()
+
+
+def dropout_only_rescales(weights, p, rng):
+    return weights / (1 - p)
+
+
+def dropout_whole_rows(weights, p, rng):
+    keep = rng.random(weights.shape[:-1] + (1,)) >= p
+    return np.where(keep, weights / (1 - p), 0.0)
+
+
+def dropout_whole_columns(weights, p, rng):
+    keep = rng.random((1, weights.shape[-1])) >= p
+    return np.where(keep, weights / (1 - p), 0.0)
+
+
+def dropout_same_for_batch(weights, p, rng):
+    keep = rng.random(weights.shape[-2:]) >= p
+    return np.where(keep, weights / (1 - p), 0.0)
+
+
 def causal_ok(Q, K, V):
     T, d_k = Q.shape
     scores = Q @ K.T / np.sqrt(d_k)
     future = np.triu(np.ones((T, T), dtype=bool), k=1)
     return np_softmax(np.where(future, -np.inf, scores)) @ V
+
+
+def causal_sdpa_float32(Q, K, V):
+    Qt, Kt, Vt = (torch.from_numpy(a).float() for a in (Q, K, V))
+    return torch.nn.functional.scaled_dot_product_attention(Qt, Kt, Vt, is_causal=True)
 
 
 def causal_leaky(Q, K, V):  # the buggy code shipped in notebook 03
@@ -324,6 +486,16 @@ def causal_unscaled(Q, K, V):
     T = Q.shape[0]
     scores = np.where(np.tril(np.ones((T, T), dtype=bool)), Q @ K.T, -np.inf)
     return np_softmax(scores) @ V
+
+
+def causal_rows_reversed(Q, K, V):
+    return causal_ok(Q, K, V)[::-1]
+
+
+def causal_in_place(Q, K, V):
+    Q /= np.sqrt(Q.shape[1])
+    T = Q.shape[0]
+    return np_softmax(np.where(np.tril(np.ones((T, T), dtype=bool)), Q @ K.T, -np.inf)) @ V
 
 
 # 04 ------------------------------------------------------------------------------------------
@@ -740,76 +912,126 @@ ALL_CHECKERS = [name for name in ex.__all__ if name.startswith("check_")]
 C = ex
 CASES = [
     # 01
-    (C.check_attention_weights_for_query, (weights_ok,), True, OK),
-    (C.check_attention_weights_for_query, (stub1,), None, NA),
-    (C.check_attention_weights_for_query, (stub_raises,), None, NA),
-    (C.check_attention_weights_for_query, (weights_raw,), False, "raw scores"),
-    (C.check_attention_weights_for_query, (weights_divsum,), False, "divided the scores by their sum"),
-    (C.check_attention_weights_for_query, (weights_next_query,), False, "weights of query 2, not of query 1"),
-    (C.check_attention_weights_for_query, (weights_2d,), False, "wrong shape (1, 6); expected (6,)"),
-    (C.check_stable_softmax, (softmax_ok,), True, OK),
-    (C.check_stable_softmax, (stub1,), None, NA),
-    (C.check_stable_softmax, (softmax_naive,), False, "overflow"),
-    (C.check_stable_softmax, (softmax_axis0,), False, "wrong axis"),
-    (C.check_stable_softmax, (softmax_global_max,), False, "each row's own maximum"),
-    (C.check_stable_softmax, (softmax_no_norm,), False, "did not normalise"),
-    (C.check_stable_softmax, (softmax_in_place,), False, "in place"),
-    (C.check_stable_softmax, (softmax_crashes,), False, "raised NameError"),
-    (C.check_stable_softmax, (42,), False, "expected a function"),
-    (C.check_context_vectors, (context_ok,), True, OK),
-    (C.check_context_vectors, (stub1,), None, NA),
-    (C.check_context_vectors, (context_raw,), False, "raw scores X @ X.T instead of the softmax"),
-    (C.check_context_vectors, (context_axis0,), False, "wrong axis"),
-    (C.check_context_vectors, (context_weights_only,), False, "these are the attention weights"),
-    (C.check_context_vectors, (context_scaled,), False, "no division by sqrt(d)"),
-    (C.check_context_vectors, (context_dot_T,), False, "np.swapaxes(X, -1, -2)"),
-    (C.check_spot_the_bug, (context_dot_T,), True, OK),
+    (C.check_predicted_row, (PRED_W, PRED_Z), True, OK),
+    (C.check_predicted_row, (PRED_W4, PRED_Z4), True, OK),
+    (C.check_predicted_row, (np.array(PRED_W4, dtype=np.float32), torch.tensor(PRED_Z4)), True, OK),
+    (C.check_predicted_row, (None, None), None, NA),
+    (C.check_predicted_row, (PRED_W4, None), None, "now type context_c"),
+    (C.check_predicted_row, ([1, 2, 2], PRED_Z4), False, "these are the scores"),
+    (C.check_predicted_row, ([0.2, 0.4, 0.4], PRED_Z4), False, "divided the scores by their sum"),
+    (C.check_predicted_row, ([0.4223, 0.1554, 0.4223], PRED_Z4), False, "weights of query a"),
+    (C.check_predicted_row, ([0.16, 0.42, 0.42], PRED_Z4), False, "round to 4 decimals"),
+    (C.check_predicted_row, ([0.4223, 0.4223, 0.1554], PRED_Z4), False, "wrong order"),
+    (C.check_predicted_row, (PRED_W4, [3.0, 6.0]), False, "scores (1, 2, 2) instead of the weights"),
+    (C.check_predicted_row, (PRED_W4, [1.0, 1.0]), False, "x_c itself"),
+    (C.check_predicted_row, ("0.1554 0.4223 0.4223", PRED_Z4), False, "not the text"),
+    (C.check_predicted_row, (lambda: PRED_W4, PRED_Z4), False, "not a function"),
+    (C.check_predicted_row, ([15.54, 42.23, 42.23], PRED_Z4), False, "sum to 100.0000"),
+    (C.check_log_softmax, (log_softmax_torch,), True, OK),
+    (C.check_log_softmax, (log_softmax_float32,), True, OK),
+    (C.check_log_softmax, (log_softmax_ok,), True, OK),
+    (C.check_log_softmax, (stub1,), None, NA),
+    (C.check_log_softmax, (stub_raises,), None, NA),
+    (C.check_log_softmax, (log_of_softmax,), False, "you took the log of the softmax"),
+    (C.check_log_softmax, (log_softmax_naive,), False, "overflow"),
+    (C.check_log_softmax, (log_softmax_min_shift,), False, "spans more than 709"),
+    (C.check_log_softmax, (log_softmax_mean_shift,), False, "the minimum (or the mean)"),
+    (C.check_log_softmax, (log_softmax_global_max,), False, "each row's own maximum"),
+    (C.check_log_softmax, (log_softmax_returns_weights,), False, "not their logarithms"),
+    (C.check_log_softmax, (log_softmax_no_logsumexp,), False, "but not log(sum(exp(x - max)))"),
+    (C.check_log_softmax, (log_softmax_in_place,), False, "in place"),
+    (C.check_log_softmax, (log_softmax_log2,), False, "natural logarithm"),
+    (C.check_log_softmax, (log_softmax_as_text,), False, "not the text"),
+    (C.check_log_softmax, (log_softmax_clipped,), False, "hides the underflow"),
+    (C.check_log_softmax, (log_softmax_no_keepdims,), False, "could not be broadcast"),
+    (C.check_log_softmax, (log_softmax_no_keepdims_if_square,), False, "keepdims=True is missing"),
+    (C.check_log_softmax, (42,), False, "expected a function"),
+    (C.check_cosine_attention, (cosine_ok,), True, OK),
+    (C.check_cosine_attention, (cosine_loop,), True, OK),
+    (C.check_cosine_attention, (stub1,), None, NA),
+    (C.check_cosine_attention, (cosine_dot_product,), False, "plain dot product"),
+    (C.check_cosine_attention, (cosine_query_norm_only,), False, "only by the query's length"),
+    (C.check_cosine_attention, (cosine_no_softmax,), False, "cosine similarities themselves"),
+    (C.check_cosine_attention, (cosine_squared,), False, "squared lengths"),
+    (C.check_cosine_attention, (cosine_returns_tuple,), False, "got tuple"),
+    (C.check_design_embeddings, (DESIGN_OK,), True, OK),
+    (C.check_design_embeddings, (DESIGN_OK_NONZERO,), True, OK),
+    (C.check_design_embeddings, (torch.tensor(DESIGN_OK),), True, OK),
+    (C.check_design_embeddings, (None,), None, NA),
+    (C.check_design_embeddings, (DESIGN_SELF,), False, "does not prefer key 1 over itself"),
+    (C.check_design_embeddings, (DESIGN_NOT_UNIFORM,), False, "query 2's weights"),
+    (C.check_design_embeddings, (DESIGN_QUERY1,), False, "query 1 should attend most to itself"),
+    (C.check_design_embeddings, (DESIGN_OK.T,), False, "shape (3, 2)"),
     (C.check_spot_the_bug, (fixed_loop,), True, OK),
-    (C.check_spot_the_bug, (context_ok,), True, OK),
+    (C.check_spot_the_bug, (context_torch_float32,), True, OK),
     (C.check_spot_the_bug, (stub1,), None, NA),
     (C.check_spot_the_bug, (buggy_loop,), False, "still the bug"),
     (C.check_spot_the_bug, (context_axis0,), False, "wrong axis"),
+    (C.check_spot_the_bug, (context_weights_only,), False, "these are the attention weights"),
+    (C.check_spot_the_bug, (context_reversed_rows,), False, "wrong order"),
+    (C.check_spot_the_bug, (context_in_place,), False, "in place"),
     # 02
-    (C.check_weight_transfer, (transfer_ok,), True, OK),
-    (C.check_weight_transfer, (transfer_new_parameters,), True, OK),
-    (C.check_weight_transfer, (transfer_stub,), None, NA),
-    (C.check_weight_transfer, (transfer_no_transpose,), False, "transpose"),
-    (C.check_weight_transfer, (transfer_swapped,), False, "received sa_v2.W_key's weights"),
-    (C.check_weight_transfer, (transfer_wrong_direction,), False, "other direction"),
-    (C.check_attention_entropy, (entropy_ok,), True, OK),
-    (C.check_attention_entropy, (stub1,), None, NA),
-    (C.check_attention_entropy, (entropy_unscaled,), False, "forgot the scaling"),
-    (C.check_attention_entropy, (entropy_log2,), False, "natural log"),
-    (C.check_attention_entropy, (entropy_nan,), False, "0 * (-inf)"),
-    (C.check_attention_entropy, (entropy_per_row,), False, "return one number"),
-    (C.check_permutation_equivariance, (equivariant_ok,), True, OK),
-    (C.check_permutation_equivariance, (stub1,), None, NA),
-    (C.check_permutation_equivariance, (equivariant_unpermuted,), False, "f(X)[perm] (not with f(X) itself)"),
-    (C.check_permutation_equivariance, (equivariant_inverse,), False, "wrong way"),
-    (C.check_permutation_equivariance, (equivariant_exact,), False, "np.allclose, not =="),
-    (C.check_permutation_equivariance, (equivariant_always,), False, "causal attention"),
-    (C.check_permutation_equivariance, (equivariant_array,), False, "single True or False"),
+    (C.check_attend_to_one, (ONE_W_Q, ONE_W_K), True, OK),
+    (C.check_attend_to_one, (torch.tensor(ONE_W_Q, dtype=torch.float32), ONE_W_K.tolist()), True, OK),
+    (C.check_attend_to_one, (None, None), None, NA),
+    (C.check_attend_to_one, (ONE_W_Q / 20, ONE_W_K), False, "scale W_q or W_k up"),
+    (C.check_attend_to_one, (ONE_W_Q, [[0.0], [1.0], [0.0]]), False, "attends most to 'journey'"),
+    (C.check_attend_to_one, (ONE_W_Q.T, ONE_W_K.T), False, "(d_k, d_in): transpose it"),
+    (C.check_attend_to_one, (ONE_W_Q, np.ones((3, 2))), False, "same number of columns"),
+    (C.check_attend_to_one, ("W_q", ONE_W_K), False, "not the text"),
+    (C.check_score_scale, (scale_ok,), True, OK),
+    (C.check_score_scale, (scale_tensor,), True, OK),
+    (C.check_score_scale, (stub1,), None, NA),
+    (C.check_score_scale, (scale_sqrt_dk,), False, "standard deviations of 1"),
+    (C.check_score_scale, (scale_variances,), False, "used the variances"),
+    (C.check_score_scale, (scale_reciprocal,), False, "MULTIPLY"),
+    (C.check_score_scale, (scale_as_text,), False, "without quotes"),
+    (C.check_shift_matrix, (shift_ok,), True, OK),
+    (C.check_shift_matrix, (shift_lstsq,), True, OK),
+    (C.check_shift_matrix, (stub1,), None, NA),
+    (C.check_shift_matrix, (shift_backwards,), False, "k positions BACK"),
+    (C.check_shift_matrix, (shift_same_angle,), False, "same angle"),
+    (C.check_shift_matrix, (shift_exponent_i,), False, "counts column PAIRS"),
+    (C.check_shift_matrix, (shift_fixed_base,), False, "the base you are given"),
+    (C.check_recover_permutation, (perm_ok,), True, OK),
+    (C.check_recover_permutation, (perm_as_floats,), True, OK),
+    (C.check_recover_permutation, (transfer_stub,), None, NA),
+    (C.check_recover_permutation, (perm_inverse,), False, "inverse permutation"),
+    (C.check_recover_permutation, (perm_exact,), False, "NEAREST row"),
+    (C.check_recover_permutation, (perm_first_column_only,), False, "is not a permutation"),
     # 03
-    (C.check_causal_mask, (mask_ok,), True, OK),
-    (C.check_causal_mask, (mask_torch,), True, OK),
-    (C.check_causal_mask, (stub1,), None, NA),
-    (C.check_causal_mask, (mask_upper,), False, "upper triangle"),
-    (C.check_causal_mask, (mask_inverted,), False, "forbidden future positions"),
-    (C.check_causal_mask, (mask_no_diagonal,), False, "diagonal is missing"),
-    (C.check_causal_mask, (mask_float,), False, "boolean"),
+    (C.check_sliding_window_attention, (WindowOK,), True, OK),
+    (C.check_sliding_window_attention, (WindowSDPA,), True, OK),
+    (C.check_sliding_window_attention, (WindowStub,), None, NA),
+    (C.check_sliding_window_attention, (WindowPlainAttribute,), False, "plain attribute"),
+    (C.check_sliding_window_attention, (WindowParameter,), False, "nn.Parameter"),
+    (C.check_sliding_window_attention, (WindowNoSlice,), False, "self.mask[:T, :T]"),
+    (C.check_sliding_window_attention, (WindowCausalBuffer,), False, "plain causal mask"),
+    (C.check_sliding_window_attention, (WindowOffByOne,), False, "yours sees window + 1"),
+    (C.check_sliding_window_attention, (WindowForwardIgnoresBuffer,), False, "forward ignores the window"),
+    (C.check_sliding_window_attention, (WindowReturnsTuple,), False, "not a tuple"),
     (C.check_attention_dropout, (dropout_ok,), True, OK),
+    (C.check_attention_dropout, (dropout_binomial_float32,), True, OK),
     (C.check_attention_dropout, (stub1,), None, NA),
     (C.check_attention_dropout, (dropout_no_rescale,), False, "forgot to rescale"),
     (C.check_attention_dropout, (dropout_inverted,), False, "probability p (keep it with probability 1 - p)"),
     (C.check_attention_dropout, (dropout_divide_p,), False, "not by p"),
     (C.check_attention_dropout, (dropout_renormalised,), False, "don't renormalise"),
     (C.check_attention_dropout, (dropout_global_rng,), False, "the rng you are given"),
+    (C.check_attention_dropout, (dropout_drops_nothing,), False, "nothing changed"),
+    (C.check_attention_dropout, (dropout_only_rescales,), False, "never set any to 0"),
+    (C.check_attention_dropout, (dropout_whole_rows,), False, "whole rows"),
+    (C.check_attention_dropout, (dropout_whole_columns,), False, "whole columns"),
+    (C.check_attention_dropout, (dropout_same_for_batch,), False, "every sequence of the batch"),
     (C.check_causal_bug_fix, (causal_ok,), True, OK),
+    (C.check_causal_bug_fix, (causal_sdpa_float32,), True, OK),
     (C.check_causal_bug_fix, (stub1,), None, NA),
     (C.check_causal_bug_fix, (causal_leaky,), False, "still the original bug"),
     (C.check_causal_bug_fix, (causal_after_softmax,), False, "after softmax without renormalising"),
     (C.check_causal_bug_fix, (causal_no_mask,), False, "future leaked"),
     (C.check_causal_bug_fix, (causal_unscaled,), False, "forgot the scaling"),
+    (C.check_causal_bug_fix, (causal_rows_reversed,), False, "wrong order"),
+    (C.check_causal_bug_fix, (causal_in_place,), False, "in place"),
     # 04
     (C.check_cross_attention, (cross_ok,), True, OK),
     (C.check_cross_attention, (cross_float32,), True, OK),
@@ -920,7 +1142,19 @@ def test_reference_solutions_agree_with_pytorch():
     """Independent cross-checks of the references the tests above rely on."""
     rng = np.random.default_rng(0)
     x = rng.normal(size=(3, 5))
-    assert np.allclose(softmax_ok(x), torch.softmax(torch.from_numpy(x), dim=-1).numpy())
+    assert np.allclose(np_softmax(x), torch.softmax(torch.from_numpy(x), dim=-1).numpy())
+    big = np.array([[0.0, 1000.0], [-800.0, 5.0]])
+    assert np.allclose(log_softmax_ok(big), torch.log_softmax(torch.from_numpy(big), -1).numpy())
+    w = np.array(PRED_W)
+    assert np.allclose(w, torch.softmax(torch.tensor([1.0, 2.0, 2.0], dtype=torch.float64), -1))
+    assert np.allclose(PRED_Z, w @ np.array([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]]))
+    for k, d_model, base in ((3, 8, 10000.0), (-2, 6, 100.0)):
+        assert np.allclose(shift_ok(k, d_model, base), shift_lstsq(k, d_model, base), atol=1e-6)
+    torch.manual_seed(0)
+    a, b = WindowOK(3, 2, 6, 2), WindowSDPA(3, 2, 6, 2)
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(2, 5, 3)
+    assert torch.allclose(a(x), b(x), atol=1e-6)
     Q, K, V = (torch.randn(4, 3, dtype=torch.float64) for _ in range(3))
     sdpa = torch.nn.functional.scaled_dot_product_attention(Q, K, V, is_causal=True)
     assert np.allclose(causal_ok(Q.numpy(), K.numpy(), V.numpy()), sdpa.numpy())
@@ -946,7 +1180,7 @@ def test_checkers_never_raise_on_odd_answers(capsys):
 
 
 def test_result_shows_nothing_in_a_notebook(capsys):
-    result = ex.check_causal_mask(mask_ok)
+    result = ex.check_causal_bug_fix(causal_ok)
     capsys.readouterr()
     assert result._ipython_display_() is None
     assert repr(result) == "CheckResult(passed=True)"
@@ -956,7 +1190,7 @@ def test_result_shows_nothing_in_a_notebook(capsys):
 def test_checkers_leave_the_global_random_state_alone(capsys):
     torch.manual_seed(7)
     np.random.seed(7)  # noqa: NPY002 - the legacy global state is what we check
-    ex.check_weight_transfer(transfer_ok)
+    ex.check_sliding_window_attention(WindowOK)
     ex.check_parameter_count(count_ok)
     ex.check_attention_dropout(dropout_global_rng)
     capsys.readouterr()

@@ -12,7 +12,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
-from shared.plotting import plot_attention, plot_heads  # noqa: E402
+from shared.plotting import plot_attention, plot_bottleneck, plot_heads, plot_word_links  # noqa: E402
 
 TOKENS = ["Your", "journey", "starts", "with"]
 
@@ -109,6 +109,47 @@ def test_plot_heads_passes_each_head_its_own_mask_and_title():
     assert len(hatched(a)) == 0 and len(hatched(b)) == 6
 
 
+def test_plot_heads_shared_colorbar_only_when_asked():
+    w = np.broadcast_to(weights_4x4(), (2, 4, 4))
+    assert len(plot_heads(w, TOKENS).axes) == 2
+    fig = plot_heads(w, TOKENS, cbar=True)
+    assert len(fig.axes) == 3  # two panels + one colour bar
+    assert fig.axes[-1].get_ylabel() == "attention weight"
+
+
+def test_plot_heads_vmax_none_puts_every_panel_on_one_scale():
+    w = np.stack([weights_4x4(), 0.5 * weights_4x4()])
+    fig = plot_heads(w, TOKENS, vmax=None, cbar=True)
+    limits = {ax.collections[0].get_clim() for ax in fig.axes[:2]}
+    assert limits == {(0.0, float(w.max()))}
+
+
+def test_plot_bottleneck_draws_both_diagrams_with_the_given_weights():
+    words = ["Your", "journey", "starts"]
+    fig = plot_bottleneck(words, [0.2, 0.5, 0.3], decoder_steps=2)
+    left, right = fig.axes
+    assert "bottleneck" in left.get_title() and "every state" in right.get_title()
+    for ax in (left, right):
+        assert [w for w in words if w in {t.get_text() for t in ax.texts}] == words
+    printed = [t.get_text() for t in right.texts if t.get_text().startswith("0.")]
+    assert printed == ["0.20", "0.50", "0.30"]
+    widths = [a.arrow_patch.get_linewidth() for a in right.texts if hasattr(a, "arrow_patch")
+              and a.arrow_patch is not None]
+    assert widths[1] > widths[2] > widths[0]  # the thickest arrow carries the largest weight
+
+
+def test_plot_word_links_bolds_the_words_and_draws_one_arrow_each():
+    words = ["it", "was", "the", "animal"]
+    ax = plot_word_links(words, query=0, strong=3, weak=2, title="t")
+    texts = {t.get_text(): t for t in ax.texts}
+    assert texts["it"].get_fontweight() == "bold" and texts["animal"].get_fontweight() == "bold"
+    assert texts["the"].get_fontweight() == "normal"
+    arrows = [t for t in ax.texts if getattr(t, "arrow_patch", None) is not None]
+    assert len(arrows) == 2
+    no_weak = plot_word_links(words, query=0, strong=3)
+    assert len([t for t in no_weak.texts if getattr(t, "arrow_patch", None) is not None]) == 1
+
+
 @pytest.mark.parametrize(
     "call, error, match",
     [
@@ -122,6 +163,10 @@ def test_plot_heads_passes_each_head_its_own_mask_and_title():
         (lambda: plot_heads(np.zeros((3, 3))), ValueError, r"3-D \(num_heads, T_q, T_k\); got shape \(3, 3\)"),
         (lambda: plot_heads(np.zeros((1, 2, 3, 3))), ValueError, r"drop the batch dimension"),
         (lambda: plot_heads(np.zeros((2, 3, 3)), titles=["one"]), ValueError, "titles has 1 entries but there are 2 heads"),
+        (lambda: plot_bottleneck(["a", "b"], [0.5]), ValueError, r"one entry per word: 2 words, got weights of shape \(1,\)"),
+        (lambda: plot_bottleneck(["a", "b"], [0.5, -0.1]), ValueError, "non-negative"),
+        (lambda: plot_word_links(["a", "b"], query=0, strong=2), ValueError, r"strong must be a word index in 0..1; got 2"),
+        (lambda: plot_word_links(["a", "b"], query=-1, strong=1), ValueError, "query must be a word index"),
     ],
 )
 def test_bad_input_raises_a_clear_message(call, error, match):

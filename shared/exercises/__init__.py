@@ -18,10 +18,11 @@ silenced while it runs; the checker diagnoses their effect instead.
 
 The exercises, by notebook (the checker names say what they check):
 
-* 01: ``check_attention_weights_for_query``, ``check_stable_softmax``, ``check_context_vectors``,
-  ``check_spot_the_bug``.
-* 02: ``check_weight_transfer``, ``check_attention_entropy``, ``check_permutation_equivariance``.
-* 03: ``check_causal_mask``, ``check_attention_dropout``, ``check_causal_bug_fix``.
+* 01: ``check_predicted_row``, ``check_log_softmax``, ``check_cosine_attention``,
+  ``check_design_embeddings``, ``check_spot_the_bug``.
+* 02: ``check_attend_to_one``, ``check_score_scale``, ``check_shift_matrix``,
+  ``check_recover_permutation``.
+* 03: ``check_sliding_window_attention``, ``check_attention_dropout``, ``check_causal_bug_fix``.
 * 04: ``check_cross_attention``, ``check_split_merge_heads``, ``check_parameter_count``,
   ``check_fused_attention``, ``check_grouped_query_attention``.
 * 05: ``check_time_call``, ``check_online_softmax_step``, ``check_score_memory``,
@@ -31,8 +32,9 @@ The exercises, by notebook (the checker names say what they check):
 * 08: ``check_decode_step``, ``check_cache_bytes``, ``check_window_mask``, ``check_expand_kv``.
 * 09: ``check_weight_name``, ``check_head_weights``, ``check_padding_mask``.
 
-Notebooks 01 and 03 pass NumPy arrays to the learner's functions; the others pass PyTorch
-tensors. Answers may be either (they are converted for comparison).
+Notebooks 01-03 pass NumPy arrays to the learner's functions (03's module exercise passes a
+tensor); the others pass PyTorch tensors. Answers may be either (they are converted for comparison).
+Some exercises (1.1, 1.4, 2.1) take values the learner worked out instead of a function.
 """
 
 from __future__ import annotations

@@ -1,10 +1,17 @@
-"""Exercise checkers for notebook 01 Simplified self-attention (NumPy)."""
+"""Exercise checkers for notebook 01 Simplified self-attention (NumPy).
+
+Every checker computes its reference from its own copy of the inputs *before* the learner's code
+runs (so an answer that modifies its input in place cannot move the target), compares with
+tolerances that accept float32 answers, and rejects values that are not numbers (a string such as
+``"0.5"`` is not a number). The small helpers at the top are shared with ``nb02`` and ``nb03``.
+"""
 
 from __future__ import annotations
 
 import math
 
 import numpy as np
+import torch
 
 from ._core import (
     _arr,
@@ -13,6 +20,7 @@ from ._core import (
     _close,
     _diagnose,
     _maxdiff,
+    _NotAttempted,
     _rng,
     _shape,
     _softmax,
@@ -20,172 +28,390 @@ from ._core import (
 )
 
 __all__ = [
-    "check_attention_weights_for_query",
-    "check_stable_softmax",
-    "check_context_vectors",
+    "check_predicted_row",
+    "check_log_softmax",
+    "check_cosine_attention",
+    "check_design_embeddings",
     "check_spot_the_bug",
 ]
 
-@_checker
-def check_attention_weights_for_query(attention_weights_for_query):
-    """``attention_weights_for_query(X, i)`` -> the ``(T,)`` weights of query ``i``:
-    ``softmax(X @ X[i])`` (no scaling in notebook 01). X: NumPy ``(T, d)``."""
-    rng = _rng(101)
-    cases = [(rng.uniform(-1, 1, (6, 3)), 1), (rng.uniform(-1, 1, (5, 4)), 0),
-             (rng.uniform(-1, 1, (7, 2)), 6), (rng.normal(size=(4, 5)), 2)]
-    for X, i in cases:
-        T, d = X.shape
-        got = _arr(_call(attention_weights_for_query, X.copy(), i,
-                         name="attention_weights_for_query"), "the weights")
-        _shape(got, (T,), "the weights", "(one weight per token, T,)")
-        scores = X @ X[i]
-        ref = _softmax(scores)
-        if _close(got, ref):
-            continue
-        others = [(f"these are the weights of query {j}, not of query {i}: use the row X[i] "
-                   "as the query", _softmax(X @ X[j])) for j in range(T) if j != i]
-        _diagnose(got, [
-            ("these are the raw scores (dot products X @ X[i]); turn them into weights with "
-             "softmax", scores),
-            ("you divided the scores by their sum; attention uses softmax (exponentiate, then "
-             "divide by the sum of the exponentials), which also copes with negative scores",
-             scores / scores.sum()),
-            ("notebook 01 uses the plain dot products: no division by sqrt(d) yet",
-             _softmax(scores / math.sqrt(d))),
-            ("you exponentiated but did not normalise: divide by the sum of the exponentials",
-             np.exp(scores)),
-            *others,
-        ])
-        if not np.isclose(got.sum(), 1.0):
-            raise _Wrong(f"the weights of query {i} sum to {got.sum():.4f}, not 1: softmax "
-                         "makes them sum to 1")
-        raise _Wrong(f"the weights of query {i} differ from softmax(X @ X[{i}]) by up to "
-                     f"{_maxdiff(got, ref)}")
-    return "the weights of a query are softmax(X @ X[i]) and sum to 1."
+
+# --------------------------------------------------------------------------------------------
+# Helpers shared by the checkers of notebooks 01-03
+# --------------------------------------------------------------------------------------------
+def _numbers(x, what: str) -> np.ndarray:
+    """A learner's *value* (list, array, tensor) as float64: no functions, strings or booleans."""
+    if callable(x) and not isinstance(x, (np.ndarray, torch.Tensor)):
+        raise _Wrong(f"{what}: give the numbers themselves (a list or an array), not a function")
+    if isinstance(x, (str, bytes)):
+        text = repr(x) if len(x) <= 40 else repr(x[:37]) + "..."
+        raise _Wrong(f"{what} should be numbers, not the text {text}")
+    a = _arr(x, what)
+    if a.dtype == np.bool_:
+        raise _Wrong(f"{what} should be numbers, not True/False values")
+    return a
+
+
+def _scalar(x, what: str) -> float:
+    """A learner's single number (int, float, 0-d or 1-element array/tensor) as a float."""
+    if isinstance(x, (bool, np.bool_)):
+        raise _Wrong(f"{what} should be a number, not {x!r}")
+    if isinstance(x, (str, bytes)):
+        raise _Wrong(f"{what} should be a number, not the text {x!r}: return it without quotes")
+    a = _numbers(x, what)
+    if a.size != 1:
+        raise _Wrong(f"{what} should be one number; got an array of shape {a.shape}")
+    value = float(a.reshape(()))
+    if not math.isfinite(value):
+        raise _Wrong(f"{what} is {value}, not a finite number")
+    return value
+
+
+def _rows_permuted(got: np.ndarray, ref: np.ndarray, atol: float = 1e-6) -> bool:
+    """True when ``got`` holds exactly the rows of ``ref`` (a 2-D array), in a different order."""
+    if got.shape != ref.shape or got.ndim != 2 or _close(got, ref, atol):
+        return False
+    used = np.zeros(len(ref), dtype=bool)
+    for row in got:
+        match = [j for j in range(len(ref)) if not used[j] and _close(row, ref[j], atol)]
+        if not match:
+            return False
+        used[match[0]] = True
+    return True
+
+
+def _row_order_hint(got: np.ndarray, ref: np.ndarray) -> None:
+    if _rows_permuted(got, ref):
+        raise _Wrong("your output has the right rows in the wrong order: row i must be the "
+                     "output of query i (did you sort, reverse or shuffle something?)")
+
+
+# --------------------------------------------------------------------------------------------
+# 1.1 Predict a row, then verify
+# --------------------------------------------------------------------------------------------
+_X_ABC = np.array([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]])  # a, b, c
+_PREDICT_TOL = 5e-4
+
+
+def _near(got: np.ndarray, value, tol: float = _PREDICT_TOL) -> bool:
+    value = np.asarray(value, dtype=np.float64)
+    return got.shape == value.shape and bool(np.all(np.abs(got - value) <= tol))
 
 
 @_checker
-def check_stable_softmax(stable_softmax):
-    """``stable_softmax(x)`` -> softmax along the last axis, for any shape ``(..., n)``, that does
-    not overflow for large scores and leaves ``x`` unchanged."""
+def check_predicted_row(weights, context=None):
+    """Exercise 1.1: the weights (3 numbers) and the context vector (2 numbers) of query ``c``
+    for the tokens a = (1, 0), b = (0, 2), c = (1, 1), worked out by hand (within 5e-4)."""
+    X = _X_ABC.copy()
+    if weights is None:
+        raise _NotAttempted("weights_c is still None: type the three weights of query c")
+    got = _numbers(weights, "weights_c")
+    if got.size != 3:
+        raise _Wrong(f"weights_c should be three numbers, one per key a, b, c; got {got.size}")
+    got = got.reshape(3)
+    scores = X @ X[2]  # (1, 2, 2)
+    ref = _softmax(scores)
+    if not _near(got, ref):
+        if _near(got, ref, 5e-3):
+            raise _Wrong(f"close, but round to 4 decimals: the weights are about "
+                         f"{np.round(ref, 2).tolist()} and yours differ by {_maxdiff(got, ref)}")
+        for hint, value in (
+            ("these are the scores c·a, c·b, c·c, not weights: exponentiate them and divide by "
+             "the sum of the exponentials", scores),
+            ("you divided the scores by their sum; softmax exponentiates first: e^1, e^2, e^2, "
+             "then divides by their sum", scores / scores.sum()),
+            ("you exponentiated the scores but did not divide by their sum", np.exp(scores)),
+            ("these are the weights of query a (scores a·a, a·b, a·c = 1, 0, 1), not of query c",
+             _softmax(X @ X[0])),
+            ("these are the weights of query b (scores 0, 4, 2), not of query c",
+             _softmax(X @ X[1])),
+            ("notebook 01 does not scale the scores: no division by sqrt(2)",
+             _softmax(scores / math.sqrt(2))),
+        ):
+            if _near(got, value):
+                raise _Wrong(hint)
+        if abs(got.sum() - 1.0) > 2 * _PREDICT_TOL:
+            raise _Wrong(f"your weights sum to {got.sum():.4f}; softmax weights sum to 1")
+        if _near(np.sort(got), np.sort(ref)):
+            raise _Wrong("right numbers in the wrong order: list the weights in key order a, b, c")
+        raise _Wrong("not the weights of query c: its scores are c·a = 1, c·b = 2, c·c = 2, and "
+                     "each weight is e^score divided by the sum of the three e^score")
+    if context is None:
+        raise _NotAttempted("the weights are right; now type context_c, the context vector")
+    z = _numbers(context, "context_c")
+    if z.size != 2:
+        raise _Wrong(f"context_c should be two numbers (a vector in the same 2-d space as a, b, "
+                     f"c); got {z.size}")
+    z = z.reshape(2)
+    z_ref = ref @ X
+    if not _near(z, z_ref):
+        if _near(z, z_ref, 5e-3):
+            raise _Wrong(f"context_c is close, but round to 4 decimals: yours differs by "
+                         f"{_maxdiff(z, z_ref)}")
+        for hint, value in (
+            ("you combined the inputs with the scores (1, 2, 2) instead of the weights",
+             scores @ X),
+            ("that is x_c itself: the context vector is the weighted sum "
+             "w_a * a + w_b * b + w_c * c", X[2]),
+            ("you used equal weights 1/3: use the softmax weights you found", X.mean(axis=0)),
+            ("the context vector is sum_j w_j * x_j; you swapped its two components", z_ref[::-1]),
+        ):
+            if _near(z, value):
+                raise _Wrong(hint)
+        raise _Wrong("context_c should be w_a * (1, 0) + w_b * (0, 2) + w_c * (1, 1), with the "
+                     "weights you found")
+    return ("c scores 2 with b and 2 with itself, so b gets exactly as much weight as c: the dot "
+            "product rewards b's length.")
+
+
+# --------------------------------------------------------------------------------------------
+# 1.2 Log-softmax without overflow or underflow
+# --------------------------------------------------------------------------------------------
+def _log_softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    z = x - np.max(x, axis=axis, keepdims=True)
+    return z - np.log(np.sum(np.exp(z), axis=axis, keepdims=True))
+
+
+def _logsm_close(got: np.ndarray, ref: np.ndarray) -> bool:
+    # float32 answers are fine: about 7 significant digits of values up to ~1000
+    return got.shape == ref.shape and bool(np.all(np.isfinite(got))) and \
+        bool(np.allclose(got, ref, rtol=1e-5, atol=1e-5))
+
+
+@_checker
+def check_log_softmax(log_softmax):
+    """Exercise 1.2: ``log_softmax(x)`` -> ``log(softmax(x))`` along the last axis of ``(..., n)``,
+    finite for every finite input (no overflow for scores like 1000, no ``-inf`` for a row that
+    spans more than ~745), ``x`` left unchanged. Hidden rows whose maximum lies more than 709
+    above their minimum and their mean defeat shifting by anything but the maximum."""
     rng = _rng(102)
-    ordinary = [rng.normal(size=(4, 5)), np.array([1.0, 2.0, 3.0]), rng.normal(size=(2, 3, 4)),
-                rng.normal(size=(4, 4)) * 2]
-    for x in ordinary:
+    cases = [
+        ("small", rng.normal(size=(4, 5))),
+        ("vector", np.array([1.0, 2.0, 3.0])),
+        ("batch", rng.normal(size=(2, 3, 4))),
+        ("square", rng.normal(size=(4, 4)) * 2),
+        ("large", np.array([[1000.0, 1001.0, 1002.0], [1002.0, 1000.0, 1001.5]])),
+        ("mixed", np.array([[1000.0, 1001.0, 999.0], [-2.0, 0.0, 1.0]])),
+        ("span", np.array([[0.0, 1000.0], [-800.0, 5.0]])),
+        # the maximum sits more than 709 above the mean and the minimum: only max works
+        ("span", np.array([[0.0, 0.0, 0.0, 0.0, 1500.0], [3.0, 1.0, -2.0, 0.0, -1500.0]])),
+    ]
+    for kind, x in cases:
+        ref = _log_softmax(x)  # from the checker's own array, before the learner's code runs
         x_in = x.copy()
-        got = _arr(_call(stable_softmax, x_in, name="stable_softmax", copy=False))
-        _shape(got, x.shape, "the softmax", "(the same shape as x)")
+        got = _numbers(_call(log_softmax, x_in, name="log_softmax"), "the log-softmax")
+        _shape(got, x.shape, "the log-softmax", "(the same shape as x)")
         if not np.array_equal(x_in, x):
             raise _Wrong("your function changed its input x in place (e.g. x -= ...): work on a "
-                         "copy, `z = x - x.max(axis=-1, keepdims=True)` makes one")
-        ref = _softmax(x)
+                         "new array, `z = x - x.max(axis=-1, keepdims=True)` makes one")
+        if _logsm_close(got, ref):
+            continue
+        finite = np.isfinite(got)
+        with np.errstate(all="ignore"):
+            log_of_softmax = np.log(_softmax(x))
+            shift_min = x - x.min(axis=-1, keepdims=True)
+            via_min = shift_min - np.log(np.exp(shift_min).sum(axis=-1, keepdims=True))
+            shift_all = x - x.max()
+            via_global = shift_all - np.log(np.exp(shift_all).sum(axis=-1, keepdims=True))
+            no_keepdims = None
+            if x.ndim == 2 and x.shape[0] == x.shape[1]:
+                z = x - x.max(axis=-1)  # broadcasts the row maxima along the rows
+                no_keepdims = z - np.log(np.exp(z).sum(axis=-1))
+        if not finite.all():
+            if kind == "span" and np.array_equal(finite, np.isfinite(log_of_softmax)):
+                raise _Wrong(f"-inf for the row {x[0].tolist()}: you took the log of the softmax, "
+                             "but a weight like e^-1000 underflows to exactly 0 and log(0) = "
+                             "-inf. Stay in log space: (x - max) - log(sum(exp(x - max)))")
+            if kind == "span":
+                raise _Wrong(f"inf or nan for the row {x[0].tolist()}, which spans more than 709: "
+                             "shifting by the minimum (or the mean) still overflows exp; shift "
+                             "each row by its maximum")
+            if kind == "mixed":
+                raise _Wrong("inf or nan for [[1000, 1001, 999], [-2, 0, 1]]: subtract each row's "
+                             "own maximum (x.max(axis=-1, keepdims=True)), not the maximum of the "
+                             "whole array")
+            if kind == "large":
+                raise _Wrong("overflow: for scores like 1000, exp(1000) is inf; subtract the row "
+                             "maximum before exponentiating")
+            raise _Wrong("your log-softmax returns nan or inf even for small scores")
+        _diagnose(got, [
+            ("these are the softmax weights, not their logarithms: return log(softmax(x)), "
+             "computed as (x - max) - log(sum(exp(x - max)))", _softmax(x)),
+            ("you subtracted the maximum but not log(sum(exp(x - max))): the result must be the "
+             "log of weights that sum to 1", x - x.max(axis=-1, keepdims=True)),
+            ("wrong axis: each slice along the LAST axis is one softmax; use axis=-1 with "
+             "keepdims=True", _log_softmax(x, axis=0) if x.ndim > 1 else None),
+            ("use the natural logarithm (np.log), not log2", _log_softmax(x) / math.log(2)),
+            ("use the natural logarithm (np.log), not log10", _log_softmax(x) / math.log(10)),
+            ("subtract each row's own maximum, not the maximum of the whole array",
+             via_global if np.isfinite(via_global).all() else None),
+            ("shifting by the minimum is not enough (a row spanning more than 709 overflows): "
+             "shift by the maximum", via_min if np.isfinite(via_min).all() else None),
+            ("keepdims=True is missing: without it the row maxima (or sums) of a square input "
+             "broadcast along the wrong axis", no_keepdims),
+        ], atol=1e-5)
+        if kind == "span":
+            raise _Wrong(f"for the row {x[0].tolist()} your values are off by up to "
+                         f"{_maxdiff(got, ref)}: clipping the weights or adding a small epsilon "
+                         "before the log hides the underflow but gives the wrong number (log of "
+                         "e^-1000 is -1000); compute (x - max) - log(sum(exp(x - max)))")
+        raise _Wrong(f"for x = {x.tolist()} your values differ from log(softmax(x)) by up to "
+                     f"{_maxdiff(got, ref)}")
+    return "finite for scores like 1000 and for rows spanning more than 709."
+
+
+# --------------------------------------------------------------------------------------------
+# 1.3 Cosine-similarity attention
+# --------------------------------------------------------------------------------------------
+def _cosine_weights(X: np.ndarray) -> np.ndarray:
+    n = np.linalg.norm(X, axis=-1, keepdims=True)
+    U = X / n
+    return _softmax(U @ U.T)
+
+
+@_checker
+def check_cosine_attention(cosine_attention_weights):
+    """Exercise 1.3: ``cosine_attention_weights(X)`` -> ``softmax(cos)`` row by row, ``(T, T)``,
+    where ``cos[i, j] = x_i . x_j / (|x_i| |x_j|)``. X: NumPy ``(T, d)``, no zero rows."""
+    rng = _rng(103)
+    lengths = np.array([[1.0], [100.0], [0.01], [7.0], [0.3]])
+    cases = [rng.uniform(0.05, 1, (6, 3)), rng.normal(size=(4, 5)),
+             rng.normal(size=(5, 2)) * lengths]  # rows of very different lengths
+    for X in cases:
+        ref = _cosine_weights(X)
+        T = X.shape[0]
+        x_in = X.copy()
+        got = _numbers(_call(cosine_attention_weights, x_in, name="cosine_attention_weights"),
+                       "the weights")
+        if got.shape != (T, T) and got.ndim == 2 and got.shape[1] == X.shape[1]:
+            raise _Wrong(f"return the weights (T, T) = {(T, T)}, not context vectors "
+                         f"{got.shape}")
+        _shape(got, (T, T), "the weights", "(T, T): one row per query, one column per key")
+        if not np.array_equal(x_in, X):
+            raise _Wrong("your function changed X in place (e.g. X /= ...): divide into a new "
+                         "array instead")
         if _close(got, ref):
             continue
-        if not np.all(np.isfinite(got)):
-            raise _Wrong("your softmax returns nan or inf even for small scores")
+        n = np.linalg.norm(X, axis=-1, keepdims=True)
+        S = X @ X.T
+        cos = S / (n * n.T)
         _diagnose(got, [
-            ("softmax over the wrong axis: each row (the last axis) must sum to 1; use "
-             "axis=-1 with keepdims=True", _softmax(x, axis=0) if x.ndim > 1 else None),
-            ("you normalised over the whole array; normalise each row separately "
-             "(axis=-1, keepdims=True)", np.exp(x - x.max()) / np.exp(x - x.max()).sum()),
-            ("you divided x by its sum without exponentiating: softmax is exp(x) / sum(exp(x))",
-             x / x.sum(axis=-1, keepdims=True)),
-            ("you exponentiated but did not normalise: divide by the sum along the last axis",
-             np.exp(x)),
-            ("you exponentiated but did not normalise: divide by the sum along the last axis",
-             np.exp(x - x.max(axis=-1, keepdims=True))),
+            ("these are the cosine similarities themselves: apply softmax to each row", cos),
+            ("you used the plain dot product: divide each score by BOTH vector lengths, "
+             "|x_i| |x_j|", _softmax(S)),
+            ("you divided only by the query's length |x_i|; divide by the key's length |x_j| too",
+             _softmax(S / n)),
+            ("you divided only by the key's length |x_j|; divide by the query's length |x_i| too",
+             _softmax(S / n.T)),
+            ("you divided by the squared lengths (|x|^2 = x . x); the cosine divides by the "
+             "lengths themselves, |x_i| |x_j|", _softmax(S / (n * n.T) ** 2)),
+            ("you divided by the norm of the whole matrix; use each row's length "
+             "(np.linalg.norm(X, axis=1, keepdims=True))", _softmax(S / np.linalg.norm(X) ** 2)),
+            ("you took the norms of the columns (axis=0); each token is a row, so use axis=1",
+             _softmax((X / np.linalg.norm(X, axis=0)) @ (X / np.linalg.norm(X, axis=0)).T)),
+            ("softmax over the wrong axis: each query's row must sum to 1 (axis=-1)",
+             _softmax(cos, axis=0)),
+            ("notebook 01 does not scale: no division by sqrt(d)", _softmax(cos / math.sqrt(
+                X.shape[1]))),
         ])
-        sums = got.sum(axis=-1)
-        if not np.allclose(sums, 1.0):
-            bad = np.unravel_index(int(np.argmax(np.abs(sums - 1.0))), sums.shape)
-            raise _Wrong(f"row {bad if len(bad) > 1 else bad[0]} sums to {sums[bad]:.4f}, not 1:"
-                         " divide by the sum along the last axis (axis=-1, keepdims=True)")
-        raise _Wrong(f"the values differ from softmax by up to {_maxdiff(got, ref)} (did you "
-                     "forget keepdims=True? without it a square input broadcasts the wrong way)")
-    large = np.array([[1000.0, 1001.0, 1002.0], [1002.0, 1000.0, 1001.5]])
-    mixed = np.array([[1000.0, 1001.0, 999.0], [-2.0, 0.0, 1.0]])
-    for x, is_mixed in ((large, False), (mixed, True)):
-        got = _arr(_call(stable_softmax, x.copy(), name="stable_softmax"))
-        _shape(got, x.shape, "the softmax", "(the same shape as x)")
-        if _close(got, _softmax(x)):
-            continue
-        if not np.all(np.isfinite(got)):
-            if is_mixed:
-                raise _Wrong("nan for the input [[1000, 1001, 999], [-2, 0, 1]]: subtract each "
-                             "row's own maximum (x.max(axis=-1, keepdims=True)), not the maximum "
-                             "of the whole array")
-            raise _Wrong("overflow: for scores like 1000, exp(1000) is inf and the result "
-                         "becomes nan; subtract the row maximum before exponentiating")
-        raise _Wrong(f"for large scores like {x[0].tolist()} the result differs from softmax "
-                     f"by up to {_maxdiff(got, _softmax(x))}")
-    return "no overflow for scores like 1000, and every row sums to 1."
+        raise _Wrong(f"the weights differ from softmax(cos) by up to {_maxdiff(got, ref)}")
+    return ("cos(x_i, x_i) = 1 is the largest possible cosine, so every query now attends most "
+            "to itself (but only mildly: cosines lie in [-1, 1]).")
 
 
+# --------------------------------------------------------------------------------------------
+# 1.4 Design embeddings
+# --------------------------------------------------------------------------------------------
+_MARGIN = 0.01
+
+
+@_checker
+def check_design_embeddings(X):
+    """Exercise 1.4: an ``X`` of shape ``(3, 2)`` such that in ``softmax(X X^T)`` query 0's
+    largest weight is on key 1, query 1's on itself (each winning by at least 0.01), and query
+    2's weights are all 1/3."""
+    if X is None:
+        raise _NotAttempted("X is still None: type a (3, 2) array of numbers")
+    X = _numbers(X, "X").copy()
+    if X.shape != (3, 2):
+        raise _Wrong(f"X should have shape (3, 2): three tokens with two numbers each; got "
+                     f"{X.shape}")
+    if not np.isfinite(X).all():
+        raise _Wrong("X contains inf or nan: use ordinary numbers")
+    S = X @ X.T
+    A = _softmax(S)
+    names = ["x0", "x1", "x2"]
+
+    def second_best(i: int, j: int) -> tuple[int, float]:
+        others = [k for k in range(3) if k != j]
+        k = max(others, key=lambda k: A[i, k])
+        return k, A[i, j] - A[i, k]
+
+    k, margin = second_best(0, 1)
+    if margin < _MARGIN:
+        if k == 0:
+            raise _Wrong(f"query 0 does not prefer key 1 over itself: x0·x0 = {S[0, 0]:.4f}, "
+                         f"x0·x1 = {S[0, 1]:.4f}. A dot product grows with length: make x1 "
+                         "point roughly the way x0 does, but longer")
+        raise _Wrong(f"query 0's largest weight should be on key 1, but key {k} gets "
+                     f"{A[0, k]:.4f} against {A[0, 1]:.4f} (x0·{names[k]} = {S[0, k]:.4f}, "
+                     f"x0·x1 = {S[0, 1]:.4f}); each must lose by at least {_MARGIN} in weight")
+    k, margin = second_best(1, 1)
+    if margin < _MARGIN:
+        raise _Wrong(f"query 1 should attend most to itself, but key {k} gets {A[1, k]:.4f} "
+                     f"against {A[1, 1]:.4f} (x1·{names[k]} = {S[1, k]:.4f}, x1·x1 = "
+                     f"{S[1, 1]:.4f})")
+    if not np.allclose(A[2], 1 / 3, atol=1e-6):
+        raise _Wrong(f"query 2's weights are {np.round(A[2], 4).tolist()}, not 1/3 each: softmax "
+                     f"gives equal weights only to equal scores, and yours are x2·x0 = "
+                     f"{S[2, 0]:.4f}, x2·x1 = {S[2, 1]:.4f}, x2·x2 = {S[2, 2]:.4f}")
+    return ("query 0 prefers the longer x1, and query 2's scores are all equal, so its weights "
+            "are uniform.")
+
+
+# --------------------------------------------------------------------------------------------
+# 1.5 Spot the bug
+# --------------------------------------------------------------------------------------------
 def _context_cases():
-    rng = _rng(103)
-    return [rng.uniform(-1, 1, (6, 3)), rng.normal(size=(4, 5)), rng.uniform(0, 1, (3, 2))]
+    rng = _rng(105)
+    return [rng.uniform(-1, 1, (6, 3)), rng.normal(size=(4, 5)), rng.uniform(0, 1, (3, 2)),
+            rng.normal(size=(7, 2)) * 3]
 
 
-def _check_context(fn, name: str, raw_hint: str, batched: bool = False) -> str:
-    cases = _context_cases()
-    if batched:
-        cases.append(_rng(104).normal(size=(2, 4, 3)))
-    for X in cases:
-        T, d = X.shape[-2:]
-        if X.ndim == 3:
-            got = _arr(_call(fn, X.copy(), name=name,
-                             on_error="for a batch X of shape (2, 4, 3): X.T reverses ALL axes; "
-                                      "use np.swapaxes(X, -1, -2)"), "the context vectors")
-            ref = _softmax(X @ np.swapaxes(X, -1, -2)) @ X
-            if _close(got, ref):
-                continue
-            _shape(got, X.shape, "for a batch X of shape (2, 4, 3) the context vectors",
-                   "(..., T, d): use np.swapaxes(X, -1, -2) instead of X.T, which reverses ALL "
-                   "axes of a batch")
-            raise _Wrong("the batched case (2, 4, 3) is off: X.T reverses all axes of a batch; "
-                         "use np.swapaxes(X, -1, -2) and softmax over axis=-1")
-        got = _arr(_call(fn, X.copy(), name=name), "the context vectors")
+@_checker
+def check_spot_the_bug(fixed_context_vectors):
+    """Exercise 1.5: the fixed version of the buggy loop in notebook 01, ``(T, d)`` -> ``(T, d)``:
+    ``softmax(X X^T) @ X`` row by row."""
+    name = "fixed_context_vectors"
+    for X in _context_cases():
+        T, d = X.shape
         scores = X @ X.T
         weights = _softmax(scores)
+        ref = weights @ X
+        x_in = X.copy()
+        got = _numbers(_call(fixed_context_vectors, x_in, name=name), "the context vectors")
+        if not np.array_equal(x_in, X):
+            raise _Wrong("your function changed X in place: build the context vectors in a new "
+                         "array (np.zeros_like(X))")
         if got.shape == (T, T) and _close(got, weights):
             raise _Wrong(f"these are the attention weights (T, T) = {(T, T)}; the context vectors "
                          f"are weights @ X, shape (T, d) = {(T, d)}")
         _shape(got, (T, d), "the context vectors", "(T, d): one context vector per token")
-        ref = weights @ X
         if _close(got, ref):
             continue
+        _row_order_hint(got, ref)
         _diagnose(got, [
-            (raw_hint, scores @ X),
+            ("still the bug: the context vector is built from the raw scores instead of the "
+             "softmax weights; use `context[i] = weights @ X`", scores @ X),
             ("softmax over the wrong axis: each query's weights (a row) must sum to 1, so use "
              "axis=-1 (or you multiplied by weights.T)", _softmax(scores, axis=0) @ X),
             ("notebook 01 uses the plain dot products: no division by sqrt(d) yet",
              _softmax(scores / math.sqrt(d)) @ X),
             ("you normalised the scores by dividing by their sum; use softmax",
              (scores / scores.sum(axis=-1, keepdims=True)) @ X),
-            ("the context vectors are the weights times X, not X times the weights' transpose "
-             "or the scores alone", scores),
+            ("every row is the same: did you compute one query's context vector and copy it to "
+             "every row?", np.broadcast_to(ref[0], ref.shape)),
         ])
         raise _Wrong(f"the context vectors differ from softmax(X @ X.T) @ X by up to "
                      f"{_maxdiff(got, ref)}")
-    return "every context vector is a weighted average of the rows of X."
-
-
-@_checker
-def check_context_vectors(context_vectors):
-    """``context_vectors(X)`` -> ``softmax(X X^T, axis=-1) @ X``, shape ``(..., T, d)``: also for
-    a batch ``(B, T, d)``, so transpose with ``np.swapaxes(X, -1, -2)``."""
-    return _check_context(
-        context_vectors, "context_vectors",
-        "the context vectors were computed from the raw scores X @ X.T instead of the softmax "
-        "weights: apply softmax (row-wise) first, then multiply by X", batched=True)
-
-
-@_checker
-def check_spot_the_bug(fixed_context_vectors):
-    """The fixed version of the buggy loop in notebook 01: same answer as ``context_vectors``."""
-    return _check_context(
-        fixed_context_vectors, "fixed_context_vectors",
-        "still the bug: the context vector is built from the raw scores instead of the softmax "
-        "weights; use `context[i] = weights @ X`") + " The bug was `scores @ X`."
-
-
+    return "every context vector is a weighted average of the rows of X. The bug was `scores @ X`."

@@ -1,214 +1,244 @@
-"""Exercise checkers for notebook 02 Self-attention with trainable weights (PyTorch)."""
+"""Exercise checkers for notebook 02 Self-attention with trainable weights.
+
+As in ``nb01``: references come from the checker's own copies, made before the learner's code
+runs; float32 answers are accepted; strings and booleans are not numbers.
+"""
 
 from __future__ import annotations
 
 import math
 
 import numpy as np
-import torch
 
 from ._core import (
-    _arr,
     _call,
     _checker,
     _close,
-    _entropy,
+    _maxdiff,
     _NotAttempted,
     _rng,
+    _shape,
     _softmax,
     _Wrong,
 )
+from .nb01 import _numbers, _scalar
 
 __all__ = [
-    "check_weight_transfer",
-    "check_attention_entropy",
-    "check_permutation_equivariance",
+    "check_attend_to_one",
+    "check_score_scale",
+    "check_shift_matrix",
+    "check_recover_permutation",
 ]
 
-@_checker
-def check_weight_transfer(transfer_weights):
-    """``transfer_weights(sa_v1, sa_v2)`` copies the ``nn.Linear`` weights of a
-    ``SelfAttentionV2`` into a ``SelfAttentionV1`` (in place) so both compute the same output."""
-    try:
-        from shared.modules import SelfAttentionV1, SelfAttentionV2
-    except ImportError:
-        raise _Wrong("shared.modules has no SelfAttentionV1/SelfAttentionV2 yet: update the "
-                     "course files") from None
-    names = ("W_query", "W_key", "W_value")
-    for case, (d_in, d_out) in enumerate(((3, 2), (4, 4), (5, 3))):
-        torch.manual_seed(200 + case)
-        v1, v2 = SelfAttentionV1(d_in, d_out), SelfAttentionV2(d_in, d_out)
-        before1 = {n: getattr(v1, n).detach().clone() for n in names}
-        before2 = {n: getattr(v2, n).weight.detach().clone() for n in names}
-        _call(transfer_weights, v1, v2, name="transfer_weights", none_ok=True,
-              on_error="hint: nn.Linear stores its weight as (d_out, d_in) while v1's parameters "
-                       "are (d_in, d_out): copy the transpose, sa_v2.W_query.weight.T")
-        after2 = {n: getattr(v2, n).weight.detach() for n in names}
-        if any(not torch.equal(before2[n], after2[n]) for n in names):
-            raise _Wrong("sa_v2's weights changed: copy in the other direction, from sa_v2 "
-                         "(nn.Linear) into sa_v1")
-        try:
-            after1 = {n: _arr(getattr(v1, n), f"sa_v1.{n}") for n in names}
-        except AttributeError as e:
-            raise _Wrong(f"sa_v1 lost an attribute ({e})") from None
-        if all(np.array_equal(after1[n], before1[n].numpy()) for n in names):
-            raise _NotAttempted("sa_v1's weights are unchanged: copy sa_v2's weights into it")
-        for n in names:
-            w = after2[n].double().numpy()
-            if d_in != d_out and _close(after1[n], w):
-                raise _Wrong("nn.Linear stores its weight as (d_out, d_in); v1's parameter is "
-                             "(d_in, d_out): copy the transpose (.T)")
-            if after1[n].shape != (d_in, d_out):
-                raise _Wrong(f"sa_v1.{n} now has shape {after1[n].shape}; expected "
-                             f"(d_in, d_out) = {(d_in, d_out)}: copy sa_v2.{n}.weight.T")
-            if _close(after1[n], w) and not _close(w, w.T):
-                raise _Wrong("nn.Linear stores its weight as (d_out, d_in); v1 multiplies "
-                             "x @ W, so copy the transpose: sa_v2.W_query.weight.T")
-            for other in names:
-                if other != n and _close(after1[n], after2[other].double().numpy().T):
-                    raise _Wrong(f"sa_v1.{n} received sa_v2.{other}'s weights: copy query to "
-                                 "query, key to key and value to value")
-        x = torch.rand(6, d_in, generator=torch.Generator().manual_seed(210 + case))
-        try:
-            with torch.no_grad():
-                out1, out2 = v1(x), v2(x)
-        except Exception as e:  # noqa: BLE001
-            raise _Wrong(f"sa_v1 no longer runs after the transfer ({type(e).__name__}: {e}); "
-                         "copy into its parameters, e.g. "
-                         "sa_v1.W_query.data.copy_(sa_v2.W_query.weight.T)") from None
-        if not torch.allclose(out1, out2, atol=1e-6):
-            diff = float((out1 - out2).abs().max())
-            raise _Wrong(f"after the transfer the two modules still differ by up to {diff:.4f}")
-    return "sa_v1 and sa_v2 now give the same context vectors (W_q = W_query.weight.T)."
 
-
-def _entropy_cases():
-    g = torch.Generator().manual_seed(202)
-    cases = [torch.randn(8, d_k, generator=g, dtype=torch.float64) for d_k in (4, 64, 256)]
-    out = []
-    for i, d_k in enumerate((4, 64, 256)):
-        out.append((cases[i], torch.randn(8, d_k, generator=g, dtype=torch.float64)))
-    big = torch.randn(6, 16, generator=g) * 30  # float32 and saturated: some weights are exactly 0
-    out.append((big, big.flip(0).clone()))
-    return out
-
-
-def _mean_entropy(Q: np.ndarray, K: np.ndarray, scale: float, axis: int = -1,
-                  dtype=np.float64) -> float:
-    w = _softmax((Q @ K.T / scale).astype(dtype), axis=axis)
-    return float(_entropy(w, axis=axis).mean())
+# --------------------------------------------------------------------------------------------
+# 2.1 Choose W_q and W_k by hand
+# --------------------------------------------------------------------------------------------
+_TARGET, _MIN_WEIGHT = "one", 0.5
 
 
 @_checker
-def check_attention_entropy(attention_entropy):
-    """``attention_entropy(Q, K, scaled=True)`` -> the mean (over queries) entropy, in nats, of
-    the rows of ``softmax(Q @ K.T / sqrt(d_k))`` (no division when ``scaled=False``).
-    Q, K: torch tensors ``(T, d_k)``."""
-    for Q, K in _entropy_cases():
-        q, k = Q.double().numpy(), K.double().numpy()
-        d_k = q.shape[-1]
-        for scaled in (True, False):
-            got = _arr(_call(attention_entropy, Q.clone(), K.clone(), scaled=scaled,
-                             name="attention_entropy"), "the entropy")
-            if got.size != 1:
-                raise _Wrong(f"return one number (the mean entropy over the {q.shape[0]} "
-                             f"queries); got shape {got.shape}")
-            got = float(got.reshape(()))
-            ref = _mean_entropy(q, k, math.sqrt(d_k) if scaled else 1.0)
-            if math.isclose(got, ref, rel_tol=1e-4, abs_tol=1e-5):
-                continue
-            if math.isnan(got):
-                raise _Wrong("your entropy is nan: when a weight underflows to exactly 0, "
-                             "p * log(p) is 0 * (-inf); count it as 0 (torch.special.xlogy(p, p) "
-                             "or torch.where(p > 0, p * p.log(), 0))")
-            cands = [
-                ("forgot the scaling: with scaled=True divide the scores by sqrt(d_k)",
-                 _mean_entropy(q, k, 1.0) if scaled else None),
-                ("with scaled=False use the raw scores Q @ K.T (no division)",
-                 _mean_entropy(q, k, math.sqrt(d_k)) if not scaled else None),
-                ("divide the scores by sqrt(d_k), not by d_k",
-                 _mean_entropy(q, k, d_k) if scaled else None),
-                ("the entropy is -sum(p * log p): you lost the minus sign", -ref),
-                ("the course measures entropy in nats: use the natural log (torch.log), not "
-                 "log2", ref / math.log(2)),
-                ("average the row entropies over the queries (mean), don't sum them",
-                 ref * q.shape[0]),
-                ("softmax over the wrong axis: each query's weights (a row, dim=-1) must sum "
-                 "to 1", _mean_entropy(q, k, math.sqrt(d_k) if scaled else 1.0, axis=0)),
-            ]
-            for hint, value in cands:
-                if value is not None and math.isclose(got, value, rel_tol=1e-4, abs_tol=1e-5):
-                    raise _Wrong(hint)
-            raise _Wrong(f"for d_k = {d_k}, scaled={scaled} the mean entropy should be "
-                         f"{ref:.4f} nats; got {got:.4f}")
-    return "without scaling the entropy collapses as d_k grows; with it, it stays put."
+def check_attend_to_one(W_q, W_k=None):
+    """Exercise 2.1: ``W_q``, ``W_k`` of shape ``(3, d_k)`` such that, for the six embeddings of
+    "Your journey starts with one step", every query of ``softmax(Q K^T / sqrt(d_k))`` gives its
+    largest weight, and at least 0.5, to "one"."""
+    from shared.data import load_embeddings
+
+    tokens, X = load_embeddings()
+    X = np.asarray(X, dtype=np.float64)
+    if W_q is None or W_k is None:
+        which = "W_q" if W_q is None else "W_k"
+        raise _NotAttempted(f"{which} is still None: choose both matrices")
+    W_q = _numbers(W_q, "W_q").copy()
+    W_k = _numbers(W_k, "W_k").copy()
+    d_in = X.shape[1]
+    for name, W in (("W_q", W_q), ("W_k", W_k)):
+        if W.ndim == 1 and W.shape[0] == d_in:
+            raise _Wrong(f"{name} should be 2-D (d_in, d_k); for d_k = 1 write it as a column, "
+                         f"shape (3, 1), e.g. np.array([[a], [b], [c]])")
+        if W.ndim != 2 or W.shape[0] != d_in:
+            flipped = " (that is (d_k, d_in): transpose it)" if W.ndim == 2 and \
+                W.shape[1] == d_in else ""
+            raise _Wrong(f"{name} should have shape (d_in, d_k) = (3, d_k), so that X @ {name} "
+                         f"works on the (6, 3) embeddings; got {W.shape}{flipped}")
+        if not np.isfinite(W).all():
+            raise _Wrong(f"{name} contains inf or nan")
+    if W_q.shape != W_k.shape:
+        raise _Wrong(f"W_q {W_q.shape} and W_k {W_k.shape} need the same number of columns d_k: "
+                     "a query and a key are compared with a dot product")
+    d_k = W_q.shape[1]
+    S = (X @ W_q) @ (X @ W_k).T / math.sqrt(d_k)
+    A = _softmax(S)
+    target = tokens.index(_TARGET)
+    for i, token in enumerate(tokens):
+        best = int(np.argmax(A[i]))
+        if best != target:
+            raise _Wrong(f"query {token!r} attends most to {tokens[best]!r} ({A[i, best]:.4f}), "
+                         f"not to {_TARGET!r} ({A[i, target]:.4f}): the keys must single out "
+                         f"{_TARGET!r} (which coordinate is largest for it alone?), and every "
+                         "query must ask for that direction")
+    weakest = int(np.argmin(A[:, target]))
+    if A[weakest, target] < _MIN_WEIGHT:
+        raise _Wrong(f"every query's top key is {_TARGET!r}, but query {tokens[weakest]!r} gives "
+                     f"it only {A[weakest, target]:.4f} (at least {_MIN_WEIGHT} needed): larger "
+                     "scores make a sharper softmax, so scale W_q or W_k up")
+    return (f"every token now gives at least {A[:, target].min():.4f} of its attention to "
+            f"{_TARGET!r}: W_k measures what makes it special, W_q asks every token for it.")
 
 
-def _identity(X):
-    return X.copy()
+# --------------------------------------------------------------------------------------------
+# 2.2 The scale for non-unit variances
+# --------------------------------------------------------------------------------------------
+@_checker
+def check_score_scale(score_scale):
+    """Exercise 2.2: ``score_scale(d_k, sigma_q, sigma_k)`` -> the divisor that gives ``q . k``
+    variance 1 when the entries of q and k are independent, mean 0, standard deviations
+    ``sigma_q`` and ``sigma_k``: ``sqrt(d_k) * sigma_q * sigma_k``."""
+    cases = [(64, 1.0, 1.0), (16, 2.0, 3.0), (10, 0.5, 0.2), (1, 3.0, 1.0), (256, 0.1, 0.1),
+             (9, 2.0, 0.5)]
+    for d_k, s_q, s_k in cases:
+        ref = math.sqrt(d_k) * s_q * s_k
+        got = _scalar(_call(score_scale, d_k, s_q, s_k, name="score_scale"), "the scale")
+        if math.isclose(got, ref, rel_tol=1e-5):
+            continue
+        where = f"for d_k = {d_k}, sigma_q = {s_q}, sigma_k = {s_k}"
+        for hint, value in (
+            ("you returned sqrt(d_k) as in section 2, which assumed standard deviations of 1: "
+             "Var(q_i k_i) = sigma_q^2 sigma_k^2", math.sqrt(d_k)),
+            ("you used the variances: divide by a standard deviation, the square root of "
+             "Var(q . k) = d_k sigma_q^2 sigma_k^2", math.sqrt(d_k) * s_q ** 2 * s_k ** 2),
+            ("that is the variance d_k sigma_q^2 sigma_k^2; divide by its square root",
+             d_k * s_q ** 2 * s_k ** 2),
+            ("d_k needs a square root too: the standard deviation of q . k is "
+             "sqrt(d_k) sigma_q sigma_k", d_k * s_q * s_k),
+            ("only d_k is under the square root: sqrt(d_k) * sigma_q * sigma_k",
+             math.sqrt(d_k * s_q * s_k)),
+            ("that is the factor to MULTIPLY by; return the number to divide by",
+             1.0 / ref),
+            ("the standard deviations multiply (Var(q_i k_i) = sigma_q^2 sigma_k^2 for "
+             "independent, zero-mean factors); they do not add",
+             math.sqrt(d_k) * (s_q + s_k)),
+        ):
+            if math.isclose(got, value, rel_tol=1e-5):
+                raise _Wrong(f"{where}: {hint}")
+        raise _Wrong(f"{where} the scale should be {ref:.4f}; got {got:.4f}")
+    return ("divide by sqrt(d_k) * sigma_q * sigma_k; with unit variances that is the familiar "
+            "sqrt(d_k).")
 
 
-def _make_attention(causal: bool = False, positions: bool = False, noise: bool = False):
-    rng = _rng(203)
-    W_q, W_k, W_v = (rng.normal(size=(4, 4)) for _ in range(3))
-    P = rng.normal(size=(16, 4))
-    calls = [0]
+# --------------------------------------------------------------------------------------------
+# 2.3 A shift of k positions is one matrix
+# --------------------------------------------------------------------------------------------
+def _shift_reference(k: int, d_model: int, base: float, exponent: float = 2.0,
+                     sign: float = 1.0, same_angle: bool = False) -> np.ndarray:
+    M = np.zeros((d_model, d_model))
+    for i in range(d_model // 2):
+        omega = 1.0 if same_angle else base ** (-exponent * i / d_model)
+        c, s = math.cos(k * omega), sign * math.sin(k * omega)
+        M[2 * i:2 * i + 2, 2 * i:2 * i + 2] = [[c, -s], [s, c]]
+    return M
 
-    def attention(X):
-        X = np.asarray(X, dtype=np.float64)
-        T = X.shape[-2]
-        if positions:
-            X = X + P[:T]
-        S = (X @ W_q) @ (X @ W_k).T / 2.0
-        if causal:
-            S = np.where(np.tril(np.ones((T, T), dtype=bool)), S, -np.inf)
-        out = _softmax(S) @ (X @ W_v)
-        if noise:  # rounding-sized differences, as a different summation order produces
-            calls[0] += 1
-            out = out + 1e-13 * np.random.default_rng(calls[0]).standard_normal(out.shape)
-        return out
 
-    return attention
+def _blocked_layout(M: np.ndarray) -> np.ndarray:
+    """The same rotation written for a (sin block | cos block) column layout."""
+    d = M.shape[0]
+    order = np.r_[np.arange(0, d, 2), np.arange(1, d, 2)]
+    return M[np.ix_(order, order)]
 
 
 @_checker
-def check_permutation_equivariance(is_permutation_equivariant):
-    """``is_permutation_equivariant(attention_fn, X, perm)`` -> True iff
-    ``attention_fn(X[perm])`` equals ``attention_fn(X)[perm]`` (up to rounding: use allclose).
-    ``attention_fn`` maps a NumPy ``(T, d)`` array to ``(T, d_v)``."""
+def check_shift_matrix(shift_matrix):
+    """Exercise 2.3: ``shift_matrix(k, d_model, base=10000.0)`` -> ``(d_model, d_model)`` matrix
+    ``M_k`` with ``PE[p + k] = PE[p] @ M_k`` for every position p (rows = positions, columns
+    interleaved sin/cos as in ``sinusoidal_positional_encoding``)."""
+    from shared.positional import sinusoidal_positional_encoding
+
+    for k, d_model, base in ((1, 8, 10000.0), (5, 16, 10000.0), (0, 4, 10000.0),
+                             (-3, 8, 10000.0), (7, 6, 100.0), (2, 2, 10000.0)):
+        ref = _shift_reference(k, d_model, base)
+        got = _numbers(_call(shift_matrix, k, d_model, base=base, name="shift_matrix"),
+                       "the matrix")
+        _shape(got, (d_model, d_model), f"for k = {k}, d_model = {d_model} the matrix",
+               "(d_model, d_model)")
+        pe = sinusoidal_positional_encoding(40, d_model, base=base)
+        rows = np.arange(max(0, -k), 40 - max(0, k))
+        if _close(pe[rows] @ got, pe[rows + k], atol=1e-6):
+            continue
+        where = f"for k = {k}, d_model = {d_model}, base = {base:g}"
+        if k and _close(got, ref.T):
+            raise _Wrong(f"{where}: your matrix moves the encoding k positions BACK (PE[p] @ M = "
+                         "PE[p - k]): each 2x2 block is transposed. Positions are rows, so "
+                         "PE[p] @ M: write sin(a + b) = sin a cos b + cos a sin b as a row "
+                         "vector times a matrix to fix the signs")
+        for hint, value in (
+            ("every pair of columns turns at its own speed omega_i = base^(-2i / d_model); you "
+             "rotated every pair by the same angle k", _shift_reference(k, d_model, base,
+                                                                       same_angle=True)),
+            ("the exponent is 2i / d_model, where i counts column PAIRS (0, 1, 2, ...)",
+             _shift_reference(k, d_model, base, exponent=1.0)),
+            ("use the base you are given (the argument `base`), not a fixed 10000",
+             _shift_reference(k, d_model, 10000.0) if base != 10000.0 else None),
+            ("the columns are interleaved: 2i holds the sine and 2i + 1 the cosine of pair i "
+             "(not all sines first, then all cosines)", _blocked_layout(ref)),
+        ):
+            if value is not None and _close(got, value):
+                raise _Wrong(f"{where}: {hint}")
+        if k == 0 and not _close(got, np.eye(d_model)):
+            raise _Wrong("for k = 0 nothing moves: M_0 must be the identity")
+        raise _Wrong(f"{where}: PE[p] @ M differs from PE[p + k] by up to "
+                     f"{_maxdiff(pe[rows] @ got, pe[rows + k])}; M_k is block diagonal with a "
+                     "2x2 rotation by k * omega_i for each pair i")
+    return "one fixed matrix per offset k moves every position p to p + k: offsets are linear."
+
+
+# --------------------------------------------------------------------------------------------
+# 2.4 Recover the permutation from the outputs
+# --------------------------------------------------------------------------------------------
+def _attention_outputs(X: np.ndarray, W: tuple) -> np.ndarray:
+    W_q, W_k, W_v = W
+    S = (X @ W_q) @ (X @ W_k).T / math.sqrt(W_k.shape[1])
+    return _softmax(S) @ (X @ W_v)
+
+
+@_checker
+def check_recover_permutation(recover_permutation):
+    """Exercise 2.4: ``recover_permutation(Z, Z_shuffled)`` -> integer array ``perm`` with
+    ``Z_shuffled[i] = Z[perm[i]]`` (up to rounding), where ``Z_shuffled`` are the outputs of a
+    self-attention layer for the shuffled tokens ``X[perm]``."""
     rng = _rng(204)
-    X = rng.normal(size=(5, 4))
-    swap, cycle = np.array([1, 0, 2, 3, 4]), np.array([1, 2, 0, 4, 3])
-
-    def ask(fn, perm):
-        ans = _call(is_permutation_equivariant, fn, X.copy(), perm.copy(),
-                    name="is_permutation_equivariant")
-        if isinstance(ans, (bool, np.bool_)) or (isinstance(ans, torch.Tensor) and ans.numel() == 1
-                                                 and ans.dtype == torch.bool):
-            return bool(ans)
-        raise _Wrong(f"return a single True or False (np.allclose gives one); got "
-                     f"{type(ans).__name__}" + (f" of shape {tuple(ans.shape)}"
-                                                if hasattr(ans, "shape") else ""))
-
-    if not ask(_identity, swap):
-        raise _Wrong("even for f(X) = X your check says False: compare f(X[perm]) with the "
-                     "ORIGINAL output permuted the same way, f(X)[perm] (not with f(X) itself)")
-    if not ask(_identity, cycle):
-        raise _Wrong("right for a swap but False for a 3-cycle: the permutation goes the wrong "
-                     "way; compare f(X[perm]) with f(X)[perm] (same perm, not its inverse)")
-    if not ask(_make_attention(noise=True), cycle):
-        raise _Wrong("self-attention IS permutation-equivariant, but the sums run in a different "
-                     "order so the last digits differ: compare with np.allclose, not ==")
-    if not ask(_make_attention(), cycle):
-        raise _Wrong("plain self-attention is permutation-equivariant; your check says False")
-    if ask(_make_attention(causal=True), cycle):
-        raise _Wrong("your check says True for causal attention, which is NOT "
-                     "permutation-equivariant (token 0 sees only itself): are you comparing "
-                     "the same thing with itself?")
-    if ask(_make_attention(positions=True), cycle):
-        raise _Wrong("your check says True for attention with positional encodings added, which "
-                     "is NOT permutation-equivariant: compare f(X[perm]) with f(X)[perm]")
-    return ("permuting the tokens permutes the outputs the same way; causal masks and "
-            "positional encodings break that.")
-
-
+    for T, d in ((6, 4), (9, 3), (5, 5), (1, 2)):
+        X = rng.normal(size=(T, d))
+        W = tuple(rng.normal(size=(d, 4)) for _ in range(3))
+        perm = rng.permutation(T)
+        if T == 5:
+            perm = np.arange(T)  # the identity is a permutation too
+        Z = _attention_outputs(X, W)
+        # Different order of summation: equal only up to rounding. Make that explicit.
+        Z_shuffled = _attention_outputs(X[perm], W) + 1e-12 * rng.standard_normal((T, 4))
+        Z_in, Zs_in = Z.copy(), Z_shuffled.copy()
+        raw = _call(recover_permutation, Z_in, Zs_in, name="recover_permutation",
+                    on_error="rows agree only up to rounding: match each row of Z_shuffled to "
+                             "the NEAREST row of Z")
+        got = _numbers(raw, "perm")
+        if not (np.array_equal(Z_in, Z) and np.array_equal(Zs_in, Z_shuffled)):
+            raise _Wrong("your function changed Z or Z_shuffled in place: leave them as they are")
+        if got.size == T and got.ndim != 1:
+            got = got.reshape(T)
+        _shape(got, (T,), "perm", "(T,): one index per row of Z_shuffled")
+        if not np.all(got == np.round(got)):
+            raise _Wrong(f"perm should hold whole numbers (row indices); got {got.tolist()}")
+        got = got.astype(int)
+        if sorted(got.tolist()) != list(range(T)):
+            raise _Wrong(f"{got.tolist()} is not a permutation of 0..{T - 1}: each row of "
+                         "Z_shuffled matches exactly one row of Z (compare with a tolerance, not "
+                         "==)")
+        if np.allclose(Z_shuffled, Z[got], atol=1e-9):
+            continue
+        if np.array_equal(np.argsort(got), perm):
+            raise _Wrong("that is the inverse permutation: you returned q with Z[i] = "
+                         "Z_shuffled[q[i]]; perm must satisfy Z_shuffled[i] = Z[perm[i]]")
+        raise _Wrong(f"Z[perm] differs from Z_shuffled by up to "
+                     f"{_maxdiff(Z[got], Z_shuffled)}: row i of Z_shuffled must be row perm[i] "
+                     "of Z")
+    return ("the outputs are the same vectors, reordered: without positions the layer cannot "
+            "tell the two word orders apart.")

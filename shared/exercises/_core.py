@@ -147,9 +147,11 @@ def _fresh(x):
 def _did_work(fn) -> bool:
     """Whether ``fn``'s body does more than return a constant (a stub is ``return None``/``pass``
     under a docstring): it names a global/attribute or assigns a local beyond its arguments."""
+    if not hasattr(fn, "__code__"):  # a module or callable object: judge what calling it runs
+        fn = getattr(fn, "forward", None) or type(fn).__call__
     code = getattr(fn, "__code__", None)
     if code is None:
-        return True  # a callable object or builtin: not a stub
+        return True  # a builtin: not a stub
     n_args = (code.co_argcount + code.co_kwonlyargcount
               + bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08))  # *args, **kwargs
     ops = {ins.opname for ins in dis.get_instructions(code)}

@@ -199,7 +199,7 @@ def check_log_softmax(log_softmax):
     for kind, x in cases:
         ref = _log_softmax(x)  # from the checker's own array, before the learner's code runs
         x_in = x.copy()
-        got = _numbers(_call(log_softmax, x_in, name="log_softmax"), "the log-softmax")
+        got = _numbers(_call(log_softmax, x_in, name="log_softmax", copy=False), "the log-softmax")
         _shape(got, x.shape, "the log-softmax", "(the same shape as x)")
         if not np.array_equal(x_in, x):
             raise _Wrong("your function changed its input x in place (e.g. x -= ...): work on a "
@@ -389,7 +389,8 @@ def check_spot_the_bug(fixed_context_vectors):
         weights = _softmax(scores)
         ref = weights @ X
         x_in = X.copy()
-        got = _numbers(_call(fixed_context_vectors, x_in, name=name), "the context vectors")
+        got = _numbers(_call(fixed_context_vectors, x_in, name=name, copy=False),
+                       "the context vectors")
         if not np.array_equal(x_in, X):
             raise _Wrong("your function changed X in place: build the context vectors in a new "
                          "array (np.zeros_like(X))")

@@ -279,7 +279,8 @@ def check_causal_bug_fix(causal_attention):
         Q, K, V = rng.normal(size=(T, d_k)), rng.normal(size=(T, d_k)), rng.normal(size=(T, d_v))
         ref = _causal_reference(Q, K, V)
         inputs = [a.copy() for a in (Q, K, V)]
-        got = _numbers(_call(causal_attention, *inputs, name="causal_attention", copy=False), "the output")
+        got = _numbers(_call(causal_attention, *inputs, name="causal_attention", copy=False),
+                       "the output")
         if not all(np.array_equal(a, b) for a, b in zip(inputs, (Q, K, V), strict=True)):
             raise _Wrong("your function changed Q, K or V in place: compute into new arrays")
         _shape(got, (T, d_v), "the output", "(T, d_v): one output per query")

@@ -26,8 +26,9 @@ The exercises, by notebook (the checker names say what they check):
   ``check_row_entropy``, ``check_attention_patterns``.
 * 05: ``check_time_call``, ``check_online_softmax_step``, ``check_score_memory``,
   ``check_block_size``.
+* 06: ``check_previous_token_score``, ``check_ablate_head``, ``check_find_induction_head``.
 
-Notebooks 01 and 03 pass NumPy arrays to the learner's functions; 02, 04 and 05 pass PyTorch
+Notebooks 01 and 03 pass NumPy arrays to the learner's functions; 02, 04, 05 and 06 pass PyTorch
 tensors. Answers may be either (they are converted for comparison).
 """
 
@@ -44,6 +45,8 @@ from .nb04 import *  # noqa: F403
 from .nb04 import __all__ as _nb04
 from .nb05 import *  # noqa: F403
 from .nb05 import __all__ as _nb05
+from .nb06 import *  # noqa: F403
+from .nb06 import __all__ as _nb06
 
 __all__ = ["CheckResult", "CORRECT", "NOT_ATTEMPTED", "NOT_QUITE",
-           *_nb01, *_nb02, *_nb03, *_nb04, *_nb05]
+           *_nb01, *_nb02, *_nb03, *_nb04, *_nb05, *_nb06]

@@ -27,6 +27,7 @@ The exercises, by notebook (the checker names say what they check):
   ``check_fused_attention``, ``check_grouped_query_attention``.
 * 05: ``check_time_call``, ``check_online_softmax_step``, ``check_score_memory``,
   ``check_block_size``.
+* 06: ``check_previous_token_score``, ``check_ablate_head``, ``check_find_induction_head``.
 * 07: ``check_rotate_pair``, ``check_shift_change``, ``check_to_half_split``,
   ``check_alibi_mass_beyond``.
 * 08: ``check_decode_step``, ``check_cache_bytes``, ``check_window_mask``, ``check_expand_kv``.
@@ -50,6 +51,8 @@ from .nb04 import *  # noqa: F403
 from .nb04 import __all__ as _nb04
 from .nb05 import *  # noqa: F403
 from .nb05 import __all__ as _nb05
+from .nb06 import *  # noqa: F403
+from .nb06 import __all__ as _nb06
 from .nb07 import *  # noqa: F403
 from .nb07 import __all__ as _nb07
 from .nb08 import *  # noqa: F403
@@ -58,4 +61,4 @@ from .nb09 import *  # noqa: F403
 from .nb09 import __all__ as _nb09
 
 __all__ = ["CheckResult", "CORRECT", "NOT_ATTEMPTED", "NOT_QUITE",
-           *_nb01, *_nb02, *_nb03, *_nb04, *_nb05, *_nb07, *_nb08, *_nb09]
+           *_nb01, *_nb02, *_nb03, *_nb04, *_nb05, *_nb06, *_nb07, *_nb08, *_nb09]

@@ -1,0 +1,466 @@
+"""A tiny attention-only transformer, a task that makes it learn to look back, and the tools to
+look inside it (notebook 06).
+
+**The task.** A sequence starts with ``BOS`` (token 0), then repeats a random segment of
+``period`` distinct tokens until the context is full: ``BOS a x k d a x k d a x ...``. The first
+occurrence of each token cannot be predicted; every later token can, but only by looking back:
+find where the current token occurred before and copy the token that followed it there.
+
+**The model.** Token + learned position embeddings, then ``num_layers`` residual attention layers
+(``shared.modules.MultiHeadAttention``, causal), then a linear unembedding to logits. No MLPs and
+no LayerNorm: everything it computes, it computes with attention.
+
+**Looking inside.** Two layers can solve the task with an *induction circuit*: a layer-0
+*previous-token* head (query ``i`` attends to key ``i - 1``) writes each token's predecessor into
+its position, and a layer-1 *induction* head (query ``i`` attends to key ``k`` whose predecessor
+``k - 1`` is the current token) copies the token found there. ``previous_token_score`` and
+``induction_score`` measure those two patterns from the attention weights; ``ablate_heads`` zeroes
+heads to test which ones the model needs.
+
+Shapes follow the course: tokens ``(B, T)`` of integer ids; attention weights ``(B, num_layers,
+num_heads, T, T)``, queries down, keys across; boolean masks with True = "this key counts".
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .modules import MultiHeadAttention
+
+__all__ = [
+    "BOS",
+    "token_labels",
+    "repeated_tokens",
+    "seen_before",
+    "previous_token_mask",
+    "induction_mask",
+    "attention_score",
+    "previous_token_score",
+    "induction_score",
+    "TinyTransformer",
+    "next_token_losses",
+    "evaluate",
+    "ablate_heads",
+    "adam_step",
+    "train",
+    "phase_change_step",
+]
+
+BOS = 0  # the token every sequence starts with
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+# --------------------------------------------------------------------------------------------
+# Input checking
+# --------------------------------------------------------------------------------------------
+def _check_int(name: str, value, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}; got {value!r}")
+    return value
+
+
+def _check_tokens(name: str, tokens, min_ndim: int = 1) -> torch.Tensor:
+    if not isinstance(tokens, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of token ids; got {type(tokens).__name__}")
+    if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integer token ids (e.g. torch.long); got dtype "
+                        f"{tokens.dtype}")
+    if tokens.ndim < min_ndim:
+        raise ValueError(f"{name} must have at least {min_ndim} dimension(s) (..., T); got shape "
+                         f"{tuple(tokens.shape)}")
+    return tokens
+
+
+def _check_weights(weights) -> torch.Tensor:
+    if not isinstance(weights, torch.Tensor):
+        raise TypeError(f"weights must be a torch.Tensor; got {type(weights).__name__}")
+    if not weights.is_floating_point():
+        raise TypeError(f"weights must be a floating-point tensor; got dtype {weights.dtype}")
+    if weights.ndim < 2 or weights.shape[-1] != weights.shape[-2]:
+        raise ValueError(f"weights must be (..., T, T) (queries x keys); got shape "
+                         f"{tuple(weights.shape)}")
+    return weights
+
+
+# --------------------------------------------------------------------------------------------
+# The task
+# --------------------------------------------------------------------------------------------
+def token_labels(tokens, vocab: str = LETTERS) -> list[str]:
+    """Labels for plots: ``BOS`` for token 0, then ``vocab[id - 1]`` (letters by default), or the
+    id itself beyond the vocabulary. Shapes: tokens ``(T,)`` -> ``T`` strings."""
+    ids = tokens.tolist() if isinstance(tokens, torch.Tensor) else list(tokens)
+    if ids and isinstance(ids[0], list):
+        raise ValueError(f"token_labels takes one sequence (T,); got a batch of {len(ids)}")
+    return ["BOS" if t == BOS else vocab[t - 1] if t - 1 < len(vocab) else str(t) for t in ids]
+
+
+def repeated_tokens(batch_size: int, T: int, vocab_size: int, min_period: int,
+                    max_period: int | None = None,
+                    generator: torch.Generator | None = None) -> torch.Tensor:
+    """Sequences that repeat a random segment: ``BOS`` then ``period`` distinct tokens drawn from
+    ``1 .. vocab_size - 1``, repeated until ``T`` tokens are filled.
+
+    Each row draws its own ``period`` uniformly from ``min_period .. max_period`` (default: always
+    ``min_period``), so the distance to the previous occurrence varies and counting positions
+    alone cannot solve the task. ``T = 2 * period + 1`` gives exactly "first half random, second
+    half a copy".
+
+    Returns ``tokens`` ``(batch_size, T)``, dtype ``torch.long``.
+    """
+    _check_int("batch_size", batch_size)
+    _check_int("T", T, 3)
+    _check_int("vocab_size", vocab_size, 3)
+    _check_int("min_period", min_period, 2)
+    max_period = min_period if max_period is None else _check_int("max_period", max_period, 2)
+    if max_period < min_period:
+        raise ValueError(f"max_period must be >= min_period; got min_period = {min_period}, "
+                         f"max_period = {max_period}")
+    if max_period > vocab_size - 1:
+        raise ValueError(f"a period of {max_period} distinct tokens needs vocab_size >= "
+                         f"{max_period + 1} (token 0 is BOS); got vocab_size = {vocab_size}")
+    if max_period > T - 2:
+        raise ValueError(f"max_period = {max_period} leaves no repeated token in T = {T} "
+                         f"positions (BOS + one period); use max_period <= T - 2 = {T - 2}")
+    periods = torch.randint(min_period, max_period + 1, (batch_size, 1), generator=generator)
+    # a random order of the tokens 1..V-1 per row; its first `period` entries are the segment
+    segment = torch.argsort(torch.rand(batch_size, vocab_size - 1, generator=generator), dim=1) + 1
+    where = torch.arange(T - 1).unsqueeze(0) % periods  # (B, T - 1): index into the segment
+    body = torch.gather(segment, 1, where)
+    return torch.cat([torch.full((batch_size, 1), BOS, dtype=torch.long), body], dim=1)
+
+
+def seen_before(tokens: torch.Tensor) -> torch.Tensor:
+    """True where a token already occurred earlier in its sequence.
+
+    Shapes: tokens ``(..., T)`` -> boolean ``(..., T)``. At such a position ``t`` an induction
+    circuit can predict ``tokens[t + 1]``.
+    """
+    tokens = _check_tokens("tokens", tokens)
+    T = tokens.shape[-1]
+    same = tokens.unsqueeze(-1) == tokens.unsqueeze(-2)  # (..., T, T): [t, s] tokens equal
+    earlier = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril(-1)  # s < t
+    return (same & earlier).any(dim=-1)
+
+
+# --------------------------------------------------------------------------------------------
+# Head scores: how much attention lands where a pattern says it should
+# --------------------------------------------------------------------------------------------
+def previous_token_mask(T: int) -> torch.Tensor:
+    """Boolean ``(T, T)``: True at ``[i, i - 1]``, the previous token of every query ``i >= 1``."""
+    _check_int("T", T)
+    i = torch.arange(T)
+    return i.unsqueeze(1) - 1 == i.unsqueeze(0)  # [i, j]: j == i - 1
+
+
+def induction_mask(tokens: torch.Tensor) -> torch.Tensor:
+    """Boolean ``(..., T, T)``: ``[i, k]`` is True when key ``k`` follows an earlier occurrence of
+    the query's token, i.e. ``1 <= k <= i`` and ``tokens[k - 1] == tokens[i]``.
+
+    Shapes: tokens ``(..., T)`` -> ``(..., T, T)``. An induction head at query ``i`` attends to
+    these keys and copies what it finds there: the token that came next last time.
+    """
+    tokens = _check_tokens("tokens", tokens)
+    T = tokens.shape[-1]
+    mask = torch.zeros(*tokens.shape, T, dtype=torch.bool, device=tokens.device)
+    # [i, k] for k >= 1: compare tokens[i] with tokens[k - 1]
+    mask[..., 1:] = tokens.unsqueeze(-1) == tokens[..., :-1].unsqueeze(-2)
+    causal = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril()  # k <= i
+    return mask & causal
+
+
+def attention_score(weights: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The mean attention on the target keys, over the queries that have at least one target.
+
+    Shapes: weights ``(..., T, T)`` (queries x keys, rows summing to 1); target boolean,
+    broadcastable to ``weights``. Returns ``(...)``: 1.0 means every such query puts all its
+    weight on its targets, and a head that ignores them scores about (number of targets) /
+    (number of keys it can see).
+    """
+    weights = _check_weights(weights)
+    if not isinstance(target, torch.Tensor) or target.dtype != torch.bool:
+        raise TypeError("target must be a boolean tensor (True = a key the pattern points at); "
+                        f"got {getattr(target, 'dtype', type(target).__name__)}")
+    try:
+        target = torch.broadcast_to(target, weights.shape)
+    except RuntimeError:
+        raise ValueError(f"target of shape {tuple(target.shape)} does not broadcast to the "
+                         f"weights' shape {tuple(weights.shape)}") from None
+    has = target.any(dim=-1)  # (..., T): queries with at least one target
+    counts = has.sum(dim=-1)
+    if (counts == 0).any():
+        raise ValueError("some sequence has no query with a target key (e.g. no repeated token): "
+                         "its score is undefined")
+    mass = (weights * target).sum(dim=-1)  # (..., T): weight each query puts on its targets
+    return (mass * has).sum(dim=-1) / counts
+
+
+def previous_token_score(weights: torch.Tensor) -> torch.Tensor:
+    """Mean attention of query ``i`` on key ``i - 1``, over ``i = 1 .. T - 1`` (the offset
+    diagonal). Shapes: weights ``(..., T, T)`` -> ``(...)``, e.g. ``(B, layers, heads)``."""
+    weights = _check_weights(weights)
+    return attention_score(weights, previous_token_mask(weights.shape[-1]).to(weights.device))
+
+
+def induction_score(weights: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Mean attention on "the token after an earlier occurrence of the current token", over the
+    queries whose token occurred before (see ``induction_mask``).
+
+    Shapes: weights ``(B, ..., T, T)`` with tokens ``(B, T)``, or weights ``(..., T, T)`` with
+    tokens ``(T,)``. Returns ``weights.shape[:-2]``, e.g. ``(B, layers, heads)``.
+    """
+    weights = _check_weights(weights)
+    tokens = _check_tokens("tokens", tokens)
+    lead, T = tuple(tokens.shape[:-1]), tokens.shape[-1]
+    if T != weights.shape[-1] or tuple(weights.shape[:len(lead)]) != lead:
+        raise ValueError(f"tokens {tuple(tokens.shape)} do not match weights "
+                         f"{tuple(weights.shape)}: expected tokens (B, T) with weights "
+                         "(B, ..., T, T), or tokens (T,)")
+    target = induction_mask(tokens)  # (*lead, T, T)
+    extra = weights.ndim - 2 - len(lead)  # e.g. layers, heads
+    target = target.reshape(*lead, *([1] * extra), T, T)
+    return attention_score(weights, target)
+
+
+# --------------------------------------------------------------------------------------------
+# The model
+# --------------------------------------------------------------------------------------------
+class TinyTransformer(nn.Module):
+    """An attention-only transformer: embeddings, ``num_layers`` residual causal multi-head
+    attention layers, an unembedding.
+
+    ``x = tok_emb[tokens] + pos_emb[positions]``; for each layer ``x = x + layer(x)``;
+    ``logits = unembed(x)``. Each layer is a ``shared.modules.MultiHeadAttention(d_model,
+    d_model, context_length, 0.0, num_heads)``, so head ``h`` of a layer owns the features
+    ``h*head_dim:(h+1)*head_dim`` of the concatenation that its ``out_proj`` maps back.
+    """
+
+    def __init__(self, vocab_size: int, context_length: int, d_model: int = 32,
+                 num_heads: int = 2, num_layers: int = 2):
+        super().__init__()
+        self.vocab_size = _check_int("vocab_size", vocab_size, 2)
+        self.context_length = _check_int("context_length", context_length)
+        self.d_model = _check_int("d_model", d_model)
+        self.num_heads = _check_int("num_heads", num_heads)
+        self.num_layers = _check_int("num_layers", num_layers)
+        self.tok_emb = nn.Embedding(vocab_size, d_model)
+        self.pos_emb = nn.Embedding(context_length, d_model)
+        self.layers = nn.ModuleList(
+            MultiHeadAttention(d_model, d_model, context_length, 0.0, num_heads)
+            for _ in range(num_layers)
+        )
+        self.unembed = nn.Linear(d_model, vocab_size)
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+    def forward(self, tokens: torch.Tensor, return_weights: bool = False):
+        """Shapes: tokens ``(B, T)`` integer ids in ``0 .. vocab_size - 1``, ``T <=
+        context_length``.
+
+        Returns ``logits`` ``(B, T, vocab_size)`` (position ``t`` predicts token ``t + 1``), or
+        ``(logits, weights)`` with weights ``(B, num_layers, num_heads, T, T)``.
+        """
+        tokens = _check_tokens("tokens", tokens)
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens must be 2-D (B, T); got shape {tuple(tokens.shape)}")
+        B, T = tokens.shape
+        if T > self.context_length:
+            raise ValueError(f"tokens has T = {T} positions but context_length = "
+                             f"{self.context_length}")
+        if tokens.numel() and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
+            raise ValueError(f"token ids must lie in 0 .. {self.vocab_size - 1}; got "
+                             f"{int(tokens.min())} .. {int(tokens.max())}")
+        x = self.tok_emb(tokens) + self.pos_emb.weight[:T]  # (B, T, d_model)
+        all_weights = []
+        for layer in self.layers:
+            out, weights = layer(x, return_weights=True)  # (B, T, d), (B, H, T, T)
+            x = x + out  # the residual stream
+            all_weights.append(weights)
+        logits = self.unembed(x)  # (B, T, vocab_size)
+        if return_weights:
+            return logits, torch.stack(all_weights, dim=1)  # (B, layers, H, T, T)
+        return logits
+
+
+def next_token_losses(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy (nats) of predicting ``tokens[:, t + 1]`` from position ``t``.
+
+    Shapes: logits ``(B, T, V)``, tokens ``(B, T)`` -> ``(B, T - 1)``.
+    """
+    tokens = _check_tokens("tokens", tokens, 2)
+    if logits.shape[:-1] != tokens.shape:
+        raise ValueError(f"logits {tuple(logits.shape)} and tokens {tuple(tokens.shape)} do not "
+                         "match: expected logits (B, T, V) with tokens (B, T)")
+    return F.cross_entropy(logits[:, :-1].transpose(1, 2), tokens[:, 1:], reduction="none")
+
+
+@torch.no_grad()
+def evaluate(model: TinyTransformer, tokens: torch.Tensor) -> dict:
+    """Losses and accuracy on a batch, split by whether the *current* token was seen before.
+
+    Shapes: tokens ``(B, T)``. Returns a dict of floats: ``repeat_loss`` and ``repeat_accuracy``
+    (arg-max) over the predictions made at repeated tokens (predictable by looking back),
+    ``first_loss`` over the others; plus ``per_position`` ``(T - 1,)``, the mean loss of
+    predicting token ``t + 1``, and ``weights`` ``(B, layers, heads, T, T)``.
+    """
+    was_training = model.training
+    model.eval()
+    try:
+        logits, weights = model(tokens, return_weights=True)
+    finally:
+        model.train(was_training)
+    losses = next_token_losses(logits, tokens)  # (B, T - 1)
+    repeat = seen_before(tokens)[:, :-1]  # (B, T - 1): predictions made at a repeated token
+    correct = logits[:, :-1].argmax(dim=-1) == tokens[:, 1:]
+    return {
+        "repeat_loss": losses[repeat].mean().item(),
+        "repeat_accuracy": correct[repeat].float().mean().item(),
+        "first_loss": losses[~repeat].mean().item(),
+        "per_position": losses.mean(dim=0),
+        "weights": weights,
+    }
+
+
+def ablate_heads(model: TinyTransformer, heads) -> TinyTransformer:
+    """A copy of ``model`` in which the given heads contribute nothing (zero ablation).
+
+    ``heads`` is an iterable of ``(layer, head)`` pairs. Head ``h``'s output enters the residual
+    stream only through its slice of the output projection, ``concat[..., h*hd:(h+1)*hd] @
+    W_o[h*hd:(h+1)*hd]`` (``hd = head_dim``), so zeroing the columns ``h*hd:(h+1)*hd`` of
+    ``out_proj.weight`` (the rows of the math's ``W_o``) removes exactly that head. Its attention
+    weights are unchanged; ``out_proj.bias`` is shared by all heads and stays. ``model`` itself is
+    not modified.
+    """
+    if not isinstance(model, TinyTransformer):
+        raise TypeError(f"model must be a TinyTransformer; got {type(model).__name__}")
+    pairs = list(heads)
+    for pair in pairs:
+        if (not isinstance(pair, (tuple, list)) or len(pair) != 2
+                or not all(isinstance(v, int) and not isinstance(v, bool) for v in pair)):
+            raise TypeError(f"heads must be (layer, head) pairs of integers; got {pair!r}")
+        layer, head = pair
+        if not (0 <= layer < model.num_layers and 0 <= head < model.num_heads):
+            raise ValueError(f"no head {pair!r}: layers are 0 .. {model.num_layers - 1}, heads "
+                             f"0 .. {model.num_heads - 1}")
+    ablated = copy.deepcopy(model)
+    hd = model.head_dim
+    with torch.no_grad():
+        for layer, head in pairs:
+            ablated.layers[layer].out_proj.weight[:, head * hd:(head + 1) * hd] = 0.0
+    return ablated
+
+
+# --------------------------------------------------------------------------------------------
+# Training
+# --------------------------------------------------------------------------------------------
+@torch.no_grad()
+def adam_step(params, state: dict, lr: float, betas: tuple = (0.9, 0.999),
+              eps: float = 1e-8) -> None:
+    """One Adam update (Kingma & Ba, 2015) of ``params`` in place, from their ``.grad``.
+
+    ``state`` is a dict that carries the step count and each parameter's running averages of the
+    gradient (``m``) and of its square (``v``) from one call to the next; pass the same (initially
+    empty) dict every time. The arithmetic is that of ``torch.optim.Adam`` with no weight decay;
+    it is written out here because the first use of ``torch.optim`` imports PyTorch's compiler
+    (TorchDynamo), which takes longer than training the notebook's model.
+    """
+    beta1, beta2 = betas
+    state["step"] = step = state.get("step", 0) + 1
+    moments = state.setdefault("moments", {})
+    correction1 = 1 - beta1 ** step
+    correction2_sqrt = math.sqrt(1 - beta2 ** step)
+    for p in params:
+        if p.grad is None:
+            continue
+        m, v = moments.setdefault(id(p), (torch.zeros_like(p), torch.zeros_like(p)))
+        m.lerp_(p.grad, 1 - beta1)  # m = beta1 m + (1 - beta1) g
+        v.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)  # v = beta2 v + (1 - beta2) g^2
+        p.addcdiv_(m, (v.sqrt() / correction2_sqrt).add_(eps), value=-lr / correction1)
+
+
+def train(model: TinyTransformer, steps: int, *, min_period: int, max_period: int,
+          batch_size: int = 64, lr: float = 1e-2, seed: int = 0,
+          eval_tokens: torch.Tensor | None = None, eval_every: int = 10,
+          progress: bool = False) -> dict:
+    """Train ``model`` in place on ``repeated_tokens`` batches with Adam (``adam_step``) and a
+    cosine learning rate decaying from ``lr`` to 0; return the history.
+
+    Every batch is fresh (``batch_size`` sequences of ``model.context_length`` tokens, periods
+    ``min_period .. max_period``), drawn from a generator seeded with ``seed``. Seed the model's
+    initialisation yourself (``torch.manual_seed`` before building it).
+
+    PyTorch runs on one thread inside this function (restored afterwards): for a model this
+    small that is as fast as more threads, and the result then does not depend on how many cores
+    the machine has (summing in a different order changes the last bits of a float, and those
+    differences grow over hundreds of steps).
+
+    Returns a dict: ``loss`` (``steps`` floats, the training loss of every step) and, when
+    ``eval_tokens`` ``(B, T)`` is given, every ``eval_every`` steps and after the last one:
+    ``eval_step``, ``repeat_loss``, ``first_loss``, ``repeat_accuracy`` (lists of floats) and
+    ``previous_token_scores``, ``induction_scores`` (tensors ``(evals, layers, heads)``).
+    ``progress=True`` shows a tqdm progress bar (on stderr).
+    """
+    from tqdm import tqdm  # imported here: only training needs it
+
+    if not isinstance(model, TinyTransformer):
+        raise TypeError(f"model must be a TinyTransformer; got {type(model).__name__}")
+    _check_int("steps", steps)
+    _check_int("eval_every", eval_every)
+    history: dict = {"loss": [], "eval_step": [], "repeat_loss": [], "first_loss": [],
+                     "repeat_accuracy": [], "previous_token_scores": [], "induction_scores": []}
+
+    def record(step: int) -> None:
+        metrics = evaluate(model, eval_tokens)
+        history["eval_step"].append(step)
+        for key in ("repeat_loss", "first_loss", "repeat_accuracy"):
+            history[key].append(metrics[key])
+        w = metrics["weights"]
+        history["previous_token_scores"].append(previous_token_score(w).mean(dim=0))
+        history["induction_scores"].append(induction_score(w, eval_tokens).mean(dim=0))
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        generator = torch.Generator().manual_seed(seed)
+        params = [p for p in model.parameters() if p.requires_grad]
+        adam_state: dict = {}
+        model.train()
+        bar = tqdm(range(steps), desc="training", unit="step", disable=not progress,
+                   mininterval=0.5)  # few refreshes: each one is a separate output in a notebook
+        for step in bar:
+            if eval_tokens is not None and step % eval_every == 0:
+                record(step)
+                bar.set_postfix(repeat_loss=f"{history['repeat_loss'][-1]:.3f}", refresh=False)
+            tokens = repeated_tokens(batch_size, model.context_length, model.vocab_size,
+                                     min_period, max_period, generator)
+            loss = next_token_losses(model(tokens), tokens).mean()
+            model.zero_grad(set_to_none=True)
+            loss.backward()
+            adam_step(params, adam_state, lr * 0.5 * (1.0 + math.cos(math.pi * step / steps)))
+            history["loss"].append(loss.item())
+        if eval_tokens is not None:
+            record(steps)
+        bar.close()
+    finally:
+        torch.set_num_threads(threads)
+    for key in ("previous_token_scores", "induction_scores"):
+        if history[key]:
+            history[key] = torch.stack(history[key])
+    return history
+
+
+def phase_change_step(eval_steps, losses) -> int:
+    """The first evaluation step at which ``losses`` has fallen at least halfway from its first
+    value to its last: where the drop happens. Shapes: two sequences of the same length."""
+    eval_steps, losses = list(eval_steps), [float(v) for v in losses]
+    if len(eval_steps) != len(losses) or len(losses) < 2:
+        raise ValueError(f"need two sequences of the same length >= 2; got {len(eval_steps)} "
+                         f"steps and {len(losses)} losses")
+    halfway = (losses[0] + losses[-1]) / 2
+    return next(s for s, v in zip(eval_steps, losses, strict=True) if v <= halfway)

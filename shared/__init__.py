@@ -1,5 +1,13 @@
 """The course's own helper package: small modules by concept, imported by the notebooks.
 
-- ``shared.attention``: the NumPy reference implementation of attention.
-- ``shared.data``: loaders for the reference inputs in ``data/``.
+- ``shared.attention``: the NumPy reference implementation of attention (01-04).
+- ``shared.modules``: PyTorch attention modules, single-head to fused multi-head (02-04).
+- ``shared.positional``: sinusoidal encodings (02), RoPE and ALiBi (07).
+- ``shared.flash`` and ``shared.benchmark``: tiled attention, devices, timing, memory (05).
+- ``shared.tiny_transformer``: a tiny attention-only transformer, head scores, ablation (06).
+- ``shared.rope_attention``: multi-head attention with rotary positions (07).
+- ``shared.generation``: KV cache, bottom-right masks, grouped-query attention (08).
+- ``shared.pretrained``: all-MiniLM-L6-v2 from scratch on the course's attention (09).
+- ``shared.plotting``, ``shared.checks``, ``shared.data``, ``shared.exercises``: pictures, checks,
+  reference inputs and the exercise checkers.
 """

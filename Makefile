@@ -11,7 +11,7 @@ NB     ?= $(sort $(wildcard notebooks/*.ipynb notebooks/solutions/*.ipynb))
 NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 # Two workers, one per core, each taking whole files (nbval needs a notebook's cells in order).
 # Measured on the 2-core machine: full `make test` 131 s with it vs 151 s without.
-XDIST  := -n 2 --dist loadscope
+XDIST  := -n 2 --dist loadscope --no-loadscope-reorder
 # Tests run two workers on two cores, each starting kernels: one math thread per process keeps them
 # from oversubscribing the cores (with two threads each, small torch ops wait on busy threads and
 # take many times longer). Printed results do not depend on it; `make lab` keeps torch's default.

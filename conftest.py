@@ -54,3 +54,23 @@ def pytest_terminal_summary(terminalreporter) -> None:
         out.write_text(text + "\n")
     except OSError as e:  # e.g. a test running as another user in a checkout it cannot write
         terminalreporter.write_line(f"(not written to {out.name}: {e.strerror})")
+
+
+
+# Longest first. `make test` runs two xdist workers that each take whole modules (a notebook's
+# cells stay together) in collection order (`--no-loadscope-reorder`; xdist's default order is by
+# number of tests). The browser module alone takes about a minute: started last, it would run long
+# after the other worker ran dry; started first, everything else runs beside it. Then the other
+# slow modules, then the notebooks, then the many short unit-test modules that fill the gaps.
+SLOW_FIRST = ("tests/test_ui.py", "tests/test_machine_independence.py", "tests/test_site.py",
+              "tests/test_setup.py", "tests/test_colab.py", "tests/test_lab.py")
+
+
+def pytest_collection_modifyitems(items) -> None:
+    def rank(item) -> int:
+        path = item.nodeid.split("::", 1)[0]
+        if path in SLOW_FIRST:
+            return SLOW_FIRST.index(path)
+        return len(SLOW_FIRST) + (0 if path.endswith(".ipynb") else 1)
+
+    items.sort(key=rank)  # stable: the order within a module (and a notebook's cells) is kept

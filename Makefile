@@ -9,8 +9,8 @@ STAMP  := $(VENV)/.installed
 NB     ?= $(sort $(wildcard notebooks/*.ipynb notebooks/solutions/*.ipynb))
 # Strict nbval: outputs are compared; only the volatile text in tests/nbval_sanitize.cfg is masked.
 NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
-# Two workers, one per core, each taking whole files (nbval needs a notebook's cells in order).
-# Measured on the 2-core machine: full `make test` 131 s with it vs 151 s without.
+# Two workers, one per core, each taking whole files (nbval needs a notebook's cells in order), in
+# the order conftest.py sets (the browser module first) rather than xdist's (most tests first).
 XDIST  := -n 2 --dist loadscope --no-loadscope-reorder
 # Tests run two workers on two cores, each starting kernels: one math thread per process keeps them
 # from oversubscribing the cores (with two threads each, small torch ops wait on busy threads and

@@ -57,10 +57,10 @@ def pytest_terminal_summary(terminalreporter) -> None:
 
 
 
-# Longest first. `make test` runs two xdist workers that each take whole modules (a notebook's
+# Longest first. `make test` runs three xdist workers that each take whole modules (a notebook's
 # cells stay together) in collection order (`--no-loadscope-reorder`; xdist's default order is by
 # number of tests). The browser module alone takes about a minute: started last, it would run long
-# after the other worker ran dry; started first, everything else runs beside it. Then the other
+# after the other workers ran dry; started first, everything else runs beside it. Then the other
 # slow modules, then the notebooks, then the many short unit-test modules that fill the gaps.
 SLOW_FIRST = ("tests/test_ui.py", "tests/test_machine_independence.py", "tests/test_site.py",
               "tests/test_setup.py", "tests/test_colab.py", "tests/test_lab.py")

@@ -368,7 +368,11 @@ def _run_all_in_lab(driver, lab: Lab, name: str, workspace: str, screenshot: Pat
 
     expected_cells = len(nbformat.read(lab.root_dir / name, as_version=4).cells)
     t0 = time.monotonic()
-    driver.get(f"{lab.base}/lab/workspaces/{workspace}/tree/{quote(name)}?token={lab.token}")
+    if driver.execute_script("return Boolean(window.jupyterapp);"):  # JupyterLab already loaded
+        opened = driver.execute_async_script(OPEN_JS, name)
+        assert opened is True, f"{name}: JupyterLab could not open it: {opened}"
+    else:
+        driver.get(f"{lab.base}/lab/workspaces/{workspace}/tree/{quote(name)}?token={lab.token}")
 
     def ready(d):
         # The toolbar says "idle" even before a kernel exists: also ask the server that this
@@ -484,12 +488,16 @@ return {
 STORED_APP_JS = ("return Boolean(window.jupyterapp) && "
                  "location.pathname.includes('/workspaces/ui-stored/');")
 
-# Close every open tab, then open arguments[0] with the notebook view (File > Open does the same).
+# Close every open tab without saving (a notebook that ran is "changed", and closing it would ask),
+# then open arguments[0] with the notebook view (File > Open does the same).
 OPEN_JS = """
 const path = arguments[0], done = arguments[arguments.length - 1];
 const app = window.jupyterapp;
-app.commands.execute('application:close-all')
-  .then(() => app.commands.execute('docmanager:open', {path: path, factory: 'Notebook'}))
+for (const w of Array.from(app.shell.widgets('main'))) {
+  if (w.context) { w.context.model.dirty = false; }
+  w.close();
+}
+app.commands.execute('docmanager:open', {path: path, factory: 'Notebook'})
   .then(() => done(true), e => done(String(e)));
 """
 

@@ -20,9 +20,13 @@ XDIST  := -n 3 --dist loadscope --no-loadscope-reorder
 ONE_THREAD := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 # Same seeds, same hashing, no stray browser or GUI backends in the kernels that tests start.
 export PYTHONHASHSEED := 0
+# Stored outputs come from the CPU: tests and re-executions run every notebook there, whatever the
+# machine has (a Mac's MPS, a laptop's GPU). `make lab` and `make bench` leave the choice to
+# shared.benchmark.pick_device (CUDA, then MPS, then CPU).
+CPU_ONLY := COURSE_DEVICE=cpu
 export MPLBACKEND     := module://matplotlib_inline.backend_inline
 
-.PHONY: help venv lab test unit nbval durations execute lint stamp clean browser ui-test html bench
+.PHONY: help venv lab test unit nbval portable durations execute lint stamp clean browser ui-test html bench
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -57,20 +61,33 @@ lab: $(STAMP)  ## start JupyterLab on notebooks/ (localhost only, with its acces
 # The browser test runs when a Chromium and its driver are found (else it is skipped, saying how to
 # enable it); with CI=true it is required. `make browser` installs Debian's; CI calls it first.
 test: $(STAMP)  ## unit tests, every notebook through strict nbval, browser/Colab/Binder/site tests
-	$(ONE_THREAD) $(BIN)/python -m pytest $(XDIST) $(NBVAL) tests notebooks
+	$(CPU_ONLY) $(ONE_THREAD) $(BIN)/python -m pytest $(XDIST) $(NBVAL) tests notebooks
 
 unit: $(STAMP)  ## unit tests only (fast; no browser)
-	$(ONE_THREAD) $(BIN)/python -m pytest tests --ignore=tests/test_ui.py
+	$(CPU_ONLY) $(ONE_THREAD) $(BIN)/python -m pytest tests --ignore=tests/test_ui.py
 
 nbval: $(STAMP)  ## notebooks only, through strict nbval
-	$(ONE_THREAD) $(BIN)/python -m pytest $(XDIST) $(NBVAL) notebooks
+	$(CPU_ONLY) $(ONE_THREAD) $(BIN)/python -m pytest $(XDIST) $(NBVAL) notebooks
+
+# The same stored outputs under the CPU kernels other learners' machines run: torch's AVX2 kernels
+# (a laptop without AVX-512), its baseline kernels with oneDNN limited to SSE4.1, and torch's default
+# thread count (what a learner's kernel uses). CI runs it after `make test`; it is not part of it.
+DISPATCH_AVX2    := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
+DISPATCH_DEFAULT := ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41
+portable: $(STAMP)  ## every notebook and solution through strict nbval under two other CPU dispatches and default threads
+	@echo "== nbval with $(DISPATCH_AVX2)"
+	$(CPU_ONLY) $(ONE_THREAD) $(DISPATCH_AVX2) $(BIN)/python -m pytest $(XDIST) $(NBVAL) -q notebooks
+	@echo "== nbval with $(DISPATCH_DEFAULT)"
+	$(CPU_ONLY) $(ONE_THREAD) $(DISPATCH_DEFAULT) $(BIN)/python -m pytest $(XDIST) $(NBVAL) -q notebooks
+	@echo "== nbval with torch's default number of threads"
+	$(CPU_ONLY) $(BIN)/python -m pytest -n 2 --dist loadscope $(NBVAL) -q notebooks
 
 durations: $(STAMP)  ## run every notebook through nbval and print the seconds each takes (the README table)
-	$(ONE_THREAD) $(BIN)/python -m pytest $(XDIST) $(NBVAL) -q notebooks
+	$(CPU_ONLY) $(ONE_THREAD) $(BIN)/python -m pytest $(XDIST) $(NBVAL) -q notebooks
 	@cat .artifacts/nbval-times.md
 
 execute: $(STAMP)  ## re-run notebooks in place, top to bottom, in a fresh kernel (NB=... to pick)
-	$(BIN)/jupyter nbconvert --to notebook --execute --inplace \
+	$(CPU_ONLY) $(BIN)/jupyter nbconvert --to notebook --execute --inplace \
 	  --ExecutePreprocessor.kernel_name=python3 --ExecutePreprocessor.timeout=600 $(NB)
 
 lint: $(STAMP)  ## ruff over shared/, tests/, tools/ and the notebooks

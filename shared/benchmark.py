@@ -54,8 +54,26 @@ __all__ = [
 ]
 
 
+DEVICE_ENV = "COURSE_DEVICE"
+
+
 def pick_device() -> torch.device:
-    """CUDA if a GPU is visible, else Apple's MPS, else the CPU."""
+    """CUDA if a GPU is visible, else Apple's MPS, else the CPU.
+
+    The environment variable ``COURSE_DEVICE`` (``cpu``, ``cuda`` or ``mps``) overrides the choice:
+    the tests set ``COURSE_DEVICE=cpu`` so that stored outputs, which come from the CPU, are
+    reproduced on a Mac with MPS or a laptop with a GPU too. Asking for a device that is not
+    there raises an error naming it."""
+    wanted = os.environ.get(DEVICE_ENV, "").strip().lower()
+    if wanted:
+        if wanted not in ("cpu", "cuda", "mps"):
+            raise ValueError(f"{DEVICE_ENV} must be 'cpu', 'cuda' or 'mps'; got {wanted!r}")
+        mps = getattr(torch.backends, "mps", None)
+        present = {"cpu": True, "cuda": torch.cuda.is_available(),
+                   "mps": mps is not None and mps.is_available()}
+        if not present[wanted]:
+            raise RuntimeError(f"{DEVICE_ENV}={wanted} but torch sees no {wanted} device here")
+        return torch.device(wanted)
     if torch.cuda.is_available():
         return torch.device("cuda")
     mps = getattr(torch.backends, "mps", None)

@@ -298,3 +298,21 @@ def test_operation_count_counts_computing_operators():
     one_tile = operation_count(lambda: tiled_attention(q, q, q, block_size=8))
     four_tiles = operation_count(lambda: tiled_attention(q, q, q, block_size=4))
     assert 10 <= (four_tiles - one_tile) / 3 <= 25  # about fifteen operations per extra tile
+
+
+def test_course_device_overrides_the_choice(monkeypatch):
+    monkeypatch.setenv("COURSE_DEVICE", "cpu")
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    assert pick_device() == torch.device("cpu")
+    monkeypatch.setenv("COURSE_DEVICE", "")
+    assert pick_device() == torch.device("mps")  # what a Mac would choose
+
+
+def test_course_device_names_what_is_wrong(monkeypatch):
+    monkeypatch.setenv("COURSE_DEVICE", "gpu")
+    with pytest.raises(ValueError, match="COURSE_DEVICE must be 'cpu', 'cuda' or 'mps'; got 'gpu'"):
+        pick_device()
+    monkeypatch.setenv("COURSE_DEVICE", "cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="COURSE_DEVICE=cuda but torch sees no cuda device"):
+        pick_device()

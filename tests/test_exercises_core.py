@@ -4,6 +4,7 @@ code loops forever, prints instead of returning, forgets `return`, or changes it
 from __future__ import annotations
 
 import signal
+import sys
 import time
 
 import numpy as np
@@ -91,6 +92,53 @@ def test_an_infinite_loop_is_stopped_with_a_message(capsys, short_limit):
     # the alarm is switched off and the previous handler is back
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
     assert signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, signal.default_int_handler, None)
+
+
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="no SIGALRM on this platform")
+@pytest.mark.parametrize("style", ["bare except", "except BaseException", "retry by recursion"])
+def test_a_retry_loop_that_swallows_everything_is_still_stopped(capsys, short_limit, style):
+    """A one-shot alarm is swallowed by a bare ``except:``; the guard must keep interrupting."""
+
+    def spin(x):
+        while True:
+            x = x + 0
+
+    def double(x):
+        if style == "bare except":
+            while True:
+                try:
+                    spin(x)
+                except:  # noqa: E722 - the learner's bug under test
+                    pass
+        elif style == "except BaseException":
+            while True:
+                try:
+                    spin(x)
+                except BaseException:  # noqa: BLE001
+                    continue
+        else:
+            try:
+                spin(x)
+            except:  # noqa: E722
+                return double(x)
+
+    start = time.perf_counter()
+    result, out = run(capsys, double)
+    assert time.perf_counter() - start < 3, out
+    assert result.passed is False
+    assert "double was still running after 0.3 s, so the checker stopped it" in out
+    assert sys.gettrace() is None  # the guard removed its trace function
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_an_error_in_learner_code_names_the_inputs_it_was_called_with(capsys):
+    def double(values):
+        return values @ np.ones((7, 7))  # a shape bug
+
+    result, out = run(capsys, double)
+    assert result.passed is False
+    assert "double raised ValueError" in out
+    assert "when called with values = array of shape (2, 3) (float64)" in out, out
 
 
 def test_learner_code_gets_copies_of_its_inputs(capsys):

@@ -1,5 +1,10 @@
 """Stored outputs do not depend on the machine: the notebooks print the same on a learner's laptop
-with a CUDA build of torch and the CUDA toolkit but no GPU, run by an ordinary (non-root) user.
+with a CUDA build of torch and the CUDA toolkit but no GPU, or on a Mac whose torch offers MPS, run
+by an ordinary (non-root) user.
+
+The tests choose the device: `make test` sets COURSE_DEVICE=cpu, which
+`shared.benchmark.pick_device` honours, so a machine with MPS (or a GPU) still reproduces the stored
+CPU outputs, while a learner in JupyterLab or Colab gets the accelerator.
 
 That machine is simulated: a stub `nvcc` on PATH, `CUDA_HOME` set, and `tests/fake_cuda/` on
 PYTHONPATH, whose sitecustomize makes the CPU build of torch look like a CUDA build without a GPU.
@@ -56,6 +61,8 @@ def laptop(tmp_path_factory) -> dict[str, str]:
         JUPYTER_RUNTIME_DIR=str(home / "runtime"),
         PYTHONHASHSEED="0",
         MPLBACKEND="module://matplotlib_inline.backend_inline",
+        FAKE_MPS="1",  # and torch offers Apple's MPS, as on a Mac
+        COURSE_DEVICE="cpu",  # as `make test` sets it
     )
     shutil.rmtree(tmp, ignore_errors=True)
 
@@ -65,6 +72,17 @@ def test_the_simulated_laptop_provokes_the_notice(laptop):
     out = subprocess.run([sys.executable, "-c", "import torch.utils.benchmark"], env=laptop,
                          capture_output=True, text=True, check=True)
     assert NOTICE in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("course_device, expected", [("", "mps"), ("cpu", "cpu")])
+def test_the_simulated_laptop_offers_mps_unless_the_tests_choose_the_cpu(laptop, course_device,
+                                                                         expected):
+    """Without COURSE_DEVICE the course would pick MPS there: the nbval run below is meaningful."""
+    env = dict(laptop, COURSE_DEVICE=course_device)
+    out = subprocess.run([sys.executable, "-c", "from shared.benchmark import pick_device; "
+                          "print(pick_device().type)"], env=env, cwd=ROOT, capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.strip() == expected, out.stderr
 
 
 def test_the_device_notebook_passes_strict_nbval_there(laptop):

@@ -7,8 +7,10 @@ A checker is a function decorated with ``@_checker`` whose body raises ``_Wrong(
 
 * gives it copies of array and tensor arguments (so a function that changes its input in place
   cannot change the data the checker judges it against; pass ``copy=False`` to see such changes);
-* stops it after ``TIME_LIMIT_S`` seconds (an infinite loop becomes a message, not a hung kernel;
-  on platforms without ``SIGALRM``, i.e. Windows, or outside the main thread, no limit applies);
+* stops it after ``TIME_LIMIT_S`` seconds (an infinite loop becomes a message, not a hung kernel,
+  even when the loop retries inside a bare ``except:``; on platforms without ``SIGALRM``, i.e.
+  Windows, or outside the main thread, no limit applies);
+* reports an exception in learner code with the inputs it was called with (names, shapes, dtypes);
 * tells "not attempted" (a stub that returns ``None`` and does nothing else) apart from "forgot to
   ``return``" (a function that printed something or computed something, then returned ``None``).
 """
@@ -19,8 +21,10 @@ import contextlib
 import copy as _copy
 import dis
 import functools
+import inspect
 import io
 import signal
+import sys
 import threading
 import warnings
 
@@ -103,21 +107,46 @@ def _checker(body):
 
 
 class _TimedOut(BaseException):
-    """Raised inside learner code by the alarm; a BaseException so ``except Exception`` in the
-    learner's own code cannot swallow it."""
+    """Raised inside learner code when its time is up; a BaseException so ``except Exception`` in
+    the learner's own code cannot swallow it (and a bare ``except:`` cannot either: see below)."""
+
+
+# the guard's own frames (and the calls it makes to switch itself off) are never interrupted
+_EXEMPT_FILES = {__file__, contextlib.__file__, signal.__file__}
+
+
+def _raise_in_learner_code(frame, event, arg):
+    """Trace function installed when time is up: every new line or call in learner code raises
+    ``_TimedOut`` again, so a ``try: ... except: pass`` retry loop unwinds instead of retrying."""
+    if frame.f_code.co_filename in _EXEMPT_FILES:
+        return None
+    if event in ("call", "line"):
+        raise _TimedOut
+    return _raise_in_learner_code
 
 
 @contextlib.contextmanager
 def _time_limit(seconds: float):
-    """Raise ``_TimedOut`` in the main thread after ``seconds`` (no limit where SIGALRM is missing
-    or outside the main thread)."""
+    """Raise ``_TimedOut`` in the main thread after ``seconds`` and keep raising it in learner
+    code until it reaches this guard (no limit where SIGALRM is missing, i.e. Windows, or outside
+    the main thread). A one-shot alarm is not enough: a bare ``except:`` swallows it."""
     usable = (hasattr(signal, "setitimer") and seconds > 0
               and threading.current_thread() is threading.main_thread())
     if not usable:
         yield
         return
+    previous_trace = sys.gettrace()
 
     def alarm(signum, frame):
+        if frame is not None and frame.f_code.co_filename in _EXEMPT_FILES:
+            return  # already unwinding inside the guard: nothing left to interrupt
+        sys.settrace(_raise_in_learner_code)  # new frames, and the running learner frames:
+        while frame is not None and frame.f_code is not _call.__code__:
+            if frame.f_code.co_filename not in _EXEMPT_FILES:
+                frame.f_trace = _raise_in_learner_code
+            frame = frame.f_back
+        # A loop stuck inside one long C call sees no line events: repeat the alarm until it ends.
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
         raise _TimedOut
 
     previous = signal.signal(signal.SIGALRM, alarm)
@@ -125,8 +154,33 @@ def _time_limit(seconds: float):
     try:
         yield
     finally:
+        sys.settrace(previous_trace)  # first: the calls below must not be interrupted
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def _describe(x) -> str:
+    """A short description of one argument for an error message: type, shape and dtype."""
+    if isinstance(x, (np.ndarray, torch.Tensor)):
+        kind = "array" if isinstance(x, np.ndarray) else "tensor"
+        return f"{kind} of shape {tuple(x.shape)} ({x.dtype})"
+    if isinstance(x, (list, tuple)):
+        return f"{type(x).__name__} of length {len(x)}"
+    if isinstance(x, (bool, int, float, str)) or x is None:
+        text = repr(x)
+        return text if len(text) <= 30 else text[:27] + "..."
+    return type(x).__name__
+
+
+def _describe_call(fn, args, kwargs) -> str:
+    """``"x = array of shape (4, 3) (float64), causal = True"``: the inputs that learner code
+    was called with, by the learner's own parameter names where they can be read."""
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+        pairs = list(bound.arguments.items())
+    except (TypeError, ValueError):
+        pairs = [(f"argument {i}", a) for i, a in enumerate(args)] + list(kwargs.items())
+    return ", ".join(f"{k} = {_describe(v)}" for k, v in pairs)
 
 
 def _fresh(x):
@@ -187,7 +241,9 @@ def _call(fn, *args, name: str = "your function", on_error: str = "", none_ok: b
         raise _NotAttempted(f"{name} still raises NotImplementedError: fill in the TODO") from None
     except Exception as e:  # noqa: BLE001 - learner code may raise anything
         extra = f" ({on_error})" if on_error else ""
-        raise _Wrong(f"{name} raised {type(e).__name__}: {e}{extra}") from None
+        inputs = _describe_call(fn, args, kwargs)
+        called = f" when called with {inputs}" if inputs else ""
+        raise _Wrong(f"{name} raised {type(e).__name__}: {e}{called}{extra}") from None
     if out is None and not none_ok:
         shown = printed.getvalue().strip()
         if shown:

@@ -5,10 +5,14 @@ or workstation with a pip-installed (CUDA) torch and the CUDA toolkit, for exact
 ``torch.utils.cpp_extension`` is first imported (``torch.utils.benchmark`` imports it), torch looks
 for the toolkit (``CUDA_HOME``, ``nvcc`` on PATH) and, finding one, logs "No CUDA runtime is found,
 using CUDA_HOME=...". Afterwards torch is restored to what it was.
+
+With ``FAKE_MPS=1`` it also makes Apple's MPS backend report itself available, as torch does on a
+Mac, so that ``shared.benchmark.pick_device`` would choose it unless ``COURSE_DEVICE`` says otherwise.
 """
 
 import importlib.abc
 import importlib.util
+import os
 import sys
 
 TARGET = "torch.utils.cpp_extension"
@@ -46,3 +50,29 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 
 sys.meta_path.insert(0, _Finder())
+
+
+class _MpsFinder(importlib.abc.MetaPathFinder):
+    """After ``torch.backends.mps`` is imported, its ``is_available()`` says True."""
+
+    def find_spec(self, name, path, target=None):
+        if name != "torch.backends.mps":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        inner = spec.loader
+
+        class _AsIfMac(importlib.abc.Loader):
+            def create_module(self, spec):
+                return inner.create_module(spec)
+
+            def exec_module(self, module):
+                inner.exec_module(module)
+                module.is_available = lambda: True
+
+        spec.loader = _AsIfMac()
+        return spec
+
+
+if os.environ.get("FAKE_MPS") == "1":
+    sys.meta_path.insert(0, _MpsFinder())

@@ -89,11 +89,12 @@ durations: $(STAMP)  ## run every notebook through nbval and print the seconds e
 execute: $(STAMP)  ## re-run notebooks in place, top to bottom, in a fresh kernel (NB=... to pick)
 	$(CPU_ONLY) $(BIN)/jupyter nbconvert --to notebook --execute --inplace \
 	  --ExecutePreprocessor.kernel_name=python3 --ExecutePreprocessor.timeout=600 $(NB)
+	$(BIN)/python -m tools.course $(NB)  # fresh outputs carry no alt text: stamp it from `# alt:`
 
 lint: $(STAMP)  ## ruff over shared/, tests/, tools/ and the notebooks
 	$(BIN)/ruff check shared tests tools notebooks conftest.py
 
-stamp:  ## re-stamp every notebook's Colab badge and setup cell from pyproject.toml [tool.course]
+stamp:  ## re-stamp every notebook's Colab badge, collapsed setup cell and figure alt text
 	$(PYTHON) -m tools.course
 
 clean:  ## remove .venv, caches and built artefacts

@@ -9,7 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from tools.course import BADGE_RE, badge_markdown, notebook_paths, setup_cell_source
+from tools.course import (
+    BADGE_RE,
+    SETUP_NOTE,
+    alt_texts,
+    badge_markdown,
+    image_outputs,
+    notebook_paths,
+    setup_cell_source,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = notebook_paths()
@@ -72,6 +80,34 @@ def test_first_code_cell_is_the_setup_cell(path):
     first = code_cells(load(path))[0]
     assert src(first) == setup_cell_source(), "setup cell differs from the template: run `make stamp`"
     assert not first["outputs"], "the setup cell should print nothing"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_the_setup_cell_is_collapsed_under_a_visible_note(path):
+    """Collapsed in JupyterLab (source_hidden) and on Colab (a form titled by its first line), with
+    a one-line markdown note right above it saying what it does."""
+    cells = load(path)["cells"]
+    first = code_cells(load(path))[0]
+    assert first["metadata"].get("jupyter", {}).get("source_hidden") is True, "run `make stamp`"
+    assert first["metadata"].get("cellView") == "form", "run `make stamp`"
+    assert src(first).startswith("#@title "), "Colab titles a form with its first line"
+    at = next(i for i, c in enumerate(cells) if c["cell_type"] == "code")
+    note = cells[at - 1]
+    assert note["cell_type"] == "markdown" and src(note) == SETUP_NOTE, "run `make stamp`"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_every_figure_has_alt_text(path):
+    """Each figure carries one sentence saying what it shows: a `# alt:` comment in its cell,
+    stamped into the output's metadata (where the site and nbconvert read it)."""
+    missing = []
+    for i, cell in enumerate(load(path)["cells"]):
+        for out in image_outputs(cell):
+            alt = out.get("metadata", {}).get("image/png", {}).get("alt", "")
+            if len(alt.split()) < 5 or alt not in alt_texts(src(cell)):
+                missing.append(i)
+    assert not missing, (f"figures without alt text in cells {missing}: add a `# alt: <one "
+                         "sentence>` comment to the plotting cell, then run `make stamp`")
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)

@@ -1,4 +1,5 @@
-"""One template for every notebook's setup cell and "Open in Colab" badge.
+"""One template for every notebook's setup cell (collapsed, with a visible one-line note above it),
+its "Open in Colab" badge, and its figures' alt text (from ``# alt:`` comments in the plotting cells).
 
 The GitHub location lives in one place, ``[tool.course]`` in ``pyproject.toml``. A fork changes that
 line and runs ``make stamp`` (``python -m tools.course``) to re-stamp every notebook; the hygiene
@@ -36,7 +37,7 @@ def setup_cell_source() -> str:
     cfg = config()
     name = cfg["github"].split("/")[1]
     return f'''\
-# Setup (identical in every notebook): make the course's `shared/` package importable.
+#@title Setup (identical in every notebook): makes the course's `shared/` package importable
 # On Colab it first fetches the course; it installs nothing (Colab ships numpy, torch, matplotlib, seaborn).
 import logging
 import os
@@ -62,6 +63,44 @@ except ImportError:  # JupyterLab or CI: the course root is the nearest folder a
         raise RuntimeError("Run this notebook from inside the course folder (shared/ was not found above it).") from None
 if str(ROOT.resolve()) not in sys.path:
     sys.path.insert(0, str(ROOT.resolve()))'''
+
+
+SETUP_NOTE_TAG = "setup-note"
+SETUP_NOTE = (
+    "**Setup.** Run the next cell first (it is collapsed: click its bar, or ▸ on Colab, to read it). "
+    "It makes the course's `shared/` helpers importable and, on Colab, fetches the course first; it "
+    "installs nothing."
+)
+# The setup cell is collapsed where learners open it: JupyterLab hides its source, Colab shows it as
+# a form whose title is the cell's `#@title` line.
+SETUP_METADATA = {"jupyter": {"source_hidden": True}, "cellView": "form"}
+ALT_RE = re.compile(r"^\s*# alt: (.+?)\s*$", flags=re.M)
+
+
+def alt_texts(source: str) -> list[str]:
+    """The ``# alt: ...`` comment lines of a code cell, in order: one sentence per figure."""
+    return ALT_RE.findall(source)
+
+
+def image_outputs(cell: dict) -> list[dict]:
+    return [o for o in cell.get("outputs", []) if "image/png" in o.get("data", {})]
+
+
+def stamp_alt_text(cell: dict) -> bool:
+    """Copy a cell's ``# alt:`` sentences into its figures' output metadata (the k-th sentence to
+    the k-th figure; a single sentence to every figure), where the site and nbconvert read them.
+    Output metadata is not compared by nbval, so stamping needs no re-execution."""
+    alts, images = alt_texts("".join(cell["source"])), image_outputs(cell)
+    if not alts or not images:
+        return False
+    changed = False
+    for k, out in enumerate(images):
+        alt = alts[k] if k < len(alts) else alts[-1]
+        meta = out.setdefault("metadata", {}).setdefault("image/png", {})
+        if meta.get("alt") != alt:
+            meta["alt"] = alt
+            changed = True
+    return changed
 
 
 def colab_url(notebook: Path) -> str:
@@ -99,6 +138,24 @@ def stamp(path: Path) -> bool:
     if "".join(first_code["source"]) != setup_cell_source():
         first_code["source"] = setup_cell_source().splitlines(keepends=True)
         changed = True
+    for key, value in SETUP_METADATA.items():
+        if first_code["metadata"].get(key) != value:
+            first_code["metadata"][key] = value
+            changed = True
+    at = cells.index(first_code)
+    before = cells[at - 1] if at > 0 else None
+    is_note = (before is not None and before["cell_type"] == "markdown"
+               and SETUP_NOTE_TAG in before.get("metadata", {}).get("tags", []))
+    if not is_note:
+        cells.insert(at, {"cell_type": "markdown", "id": SETUP_NOTE_TAG,
+                          "metadata": {"tags": [SETUP_NOTE_TAG]}, "source": [SETUP_NOTE]})
+        changed = True
+    elif "".join(before["source"]) != SETUP_NOTE:
+        before["source"] = [SETUP_NOTE]
+        changed = True
+    for cell in cells:
+        if cell["cell_type"] == "code":
+            changed |= stamp_alt_text(cell)
     if changed:
         path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     return changed

@@ -55,6 +55,14 @@ venv: $(STAMP)  ## create .venv with the pinned packages (done automatically by 
 # Jupyter refuses to run as root unless told; containers and CI often are root.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
+# make lab keeps Jupyter's per-user state in .jupyter/ here (server runtime files, settings and
+# workspaces, the notebook trust database, IPython's history), not in the home folder; any of them
+# can still be set from the environment.
+JUPYTER_HOME := $(CURDIR)/.jupyter
+lab: export JUPYTER_RUNTIME_DIR ?= $(JUPYTER_HOME)/runtime
+lab: export JUPYTER_CONFIG_DIR ?= $(JUPYTER_HOME)/config
+lab: export JUPYTER_DATA_DIR ?= $(JUPYTER_HOME)/data
+lab: export IPYTHONDIR ?= $(JUPYTER_HOME)/ipython
 lab: $(STAMP)  ## start JupyterLab on notebooks/ (localhost only, with its access token)
 	$(BIN)/python -m tools.lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=notebooks --ServerApp.answer_yes=True $(ALLOW_ROOT) $(LAB_ARGS)
 
@@ -91,14 +99,15 @@ execute: $(STAMP)  ## re-run notebooks in place, top to bottom, in a fresh kerne
 	  --ExecutePreprocessor.kernel_name=python3 --ExecutePreprocessor.timeout=600 $(NB)
 	$(BIN)/python -m tools.course $(NB)  # fresh outputs carry no alt text: stamp it from `# alt:`
 
-lint: $(STAMP)  ## ruff over shared/, tests/, tools/ and the notebooks
+lint: $(STAMP)  ## ruff over shared/, tests/, tools/ and the notebooks; the CI workflows against GitHub's schema
 	$(BIN)/ruff check shared tests tools notebooks conftest.py
+	$(BIN)/check-jsonschema --builtin-schema vendor.github-workflows .github/workflows/*.yml
 
 stamp:  ## re-stamp every notebook's Colab badge, collapsed setup cell and figure alt text
 	$(PYTHON) -m tools.course
 
 clean:  ## remove .venv, caches and built artefacts
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis site .artifacts
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis site .artifacts .jupyter
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 	find . -name .ipynb_checkpoints -type d -prune -exec rm -rf {} +
 

@@ -55,6 +55,9 @@ def as_ordinary_user(cmd: list[str]) -> list[str]:
     return [*NOBODY, *cmd]
 
 
+JUPYTER_VARS = ("JUPYTER_", "JUPYTERLAB_", "IPYTHONDIR")
+
+
 def start_lab(tmp_path: Path, port: int, ordinary_user: bool, sigint_ignored: bool):
     """`make lab --no-browser` on `port`, or (as an ordinary user, when we are root) the exact
     command `make -n lab` prints, run by that user. With ``sigint_ignored`` it starts the way a
@@ -71,8 +74,12 @@ def start_lab(tmp_path: Path, port: int, ordinary_user: bool, sigint_ignored: bo
     home.mkdir()
     tmp_path.chmod(0o777)
     home.chmod(0o777)
-    env = dict(os.environ, HOME=str(home), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
-               BROWSER="true")
+    # Jupyter's own locations are left to `make lab` (it keeps them in the course folder), except
+    # for an ordinary user, who may not write there when root owns the checkout.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(JUPYTER_VARS)}
+    env.update(HOME=str(home), BROWSER="true")
+    if ordinary_user:
+        env["JUPYTER_RUNTIME_DIR"] = str(tmp_path / "runtime")
     log = (tmp_path / "lab.log").open("w+")
 
     def before_exec():
@@ -102,9 +109,13 @@ def running_lab(tmp_path: Path, ordinary_user: bool = False, sigint_ignored: boo
         assert int(match.group(1)) == port
         yield proc, port, match.group(2)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)  # the tests stop it themselves; this is cleanup
-            proc.wait()
+        if proc.poll() is None:  # a clean stop (no runtime files left), then a forced one
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
         log.close()
 
 
@@ -157,6 +168,7 @@ def test_make_lab_stops_on_the_first_ctrl_c(tmp_path, ordinary_user, sigint_igno
     within seconds: no confirmation prompt, whoever started it, even if SIGINT was inherited as
     ignored (a background job of a non-interactive shell)."""
     with running_lab(tmp_path, ordinary_user, sigint_ignored) as (proc, port, _):
+        server_pids = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
         if ordinary_user:
             uids = {p.uids().effective for p in psutil.Process(proc.pid).children(recursive=True)}
             assert 0 not in uids, f"the server runs as root: {uids}"
@@ -167,3 +179,10 @@ def test_make_lab_stops_on_the_first_ctrl_c(tmp_path, ordinary_user, sigint_igno
             pytest.fail("make lab was still running 15 s after one Ctrl-C")
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", port)) != 0, "the server still answers after Ctrl-C"
+    if not ordinary_user:  # started with Jupyter's default locations: nothing in the home folder
+        left = sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "home").rglob("*"))
+        assert not left, f"make lab wrote outside the course folder: {left}"
+        runtime = ROOT / ".jupyter" / "runtime"
+        assert runtime.is_dir(), "make lab should keep Jupyter's runtime files in .jupyter/"
+        left = [p.name for pid in server_pids for p in runtime.glob(f"jpserver-{pid}*")]
+        assert server_pids and not left, f"runtime files left behind: {left}"

@@ -5,6 +5,10 @@ set -euo pipefail
 if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then
     exit 0
 fi
+# A browser and driver named in the environment (a CI image with Chrome preinstalled): use those.
+if [ -n "${CHROMIUM:-}" ] && [ -x "${CHROMIUM}" ] && [ -n "${CHROMEDRIVER:-}" ] && [ -x "${CHROMEDRIVER}" ]; then
+    exit 0
+fi
 if ! command -v apt-get >/dev/null 2>&1; then
     echo "install_browser: need /usr/bin/chromium and /usr/bin/chromedriver (Debian/Ubuntu: apt-get install chromium chromium-driver)" >&2
     exit 1

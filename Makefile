@@ -5,6 +5,8 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+SITE_VENV  := .venv-site
+SITE_STAMP := $(SITE_VENV)/.installed
 # Notebooks to execute in place (override: make execute NB=notebooks/01_simplified_self_attention.ipynb)
 NB     ?= $(sort $(wildcard notebooks/*.ipynb notebooks/solutions/*.ipynb))
 # Strict nbval: outputs are compared; only the volatile text in tests/nbval_sanitize.cfg is masked.
@@ -26,7 +28,7 @@ export PYTHONHASHSEED := 0
 CPU_ONLY := COURSE_DEVICE=cpu
 export MPLBACKEND     := module://matplotlib_inline.backend_inline
 
-.PHONY: help venv lab test unit nbval portable durations execute lint stamp clean browser ui-test html bench
+.PHONY: help venv site-venv lab test unit nbval portable durations execute lint stamp clean browser ui-test html bench
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -68,7 +70,7 @@ lab: $(STAMP)  ## start JupyterLab on notebooks/ (localhost only, with its acces
 
 # The browser test runs when a Chromium and its driver are found (else it is skipped, saying how to
 # enable it); with CI=true it is required. `make browser` installs Debian's; CI calls it first.
-test: $(STAMP)  ## unit tests, every notebook through strict nbval, browser/Colab/Binder/site tests
+test: $(STAMP) $(SITE_STAMP)  ## unit tests, every notebook through strict nbval, browser/Colab/Binder/site tests
 	$(CPU_ONLY) $(ONE_THREAD) $(BIN)/python -m pytest $(XDIST) $(NBVAL) tests notebooks
 
 unit: $(STAMP)  ## unit tests only (fast; no browser)
@@ -107,7 +109,7 @@ stamp:  ## re-stamp every notebook's Colab badge, collapsed setup cell and figur
 	$(PYTHON) -m tools.course
 
 clean:  ## remove .venv, caches and built artefacts
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis site .artifacts .jupyter
+	rm -rf $(VENV) $(SITE_VENV) .pytest_cache .ruff_cache .hypothesis site .artifacts .jupyter
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 	find . -name .ipynb_checkpoints -type d -prune -exec rm -rf {} +
 
@@ -119,8 +121,20 @@ browser:  ## install headless Chromium + chromedriver (Debian packages) if missi
 ui-test: $(STAMP) browser  ## run every numbered notebook through JupyterLab's "Run All Cells" in headless Chromium
 	$(BIN)/python -m pytest -v tests/test_ui.py
 
-html: $(STAMP)  ## render the notebooks with their stored outputs into a static site under site/
-	$(BIN)/python -m tools.site --out site
+# The book site's packages live in their own .venv-site (requirements-site.txt), so the learner's
+# .venv stays lean and the kernel's pins are never touched by Sphinx's.
+$(SITE_STAMP): requirements-site.txt
+	@if [ -e $(SITE_VENV)/.installing ]; then echo "$(SITE_VENV) is from an interrupted set-up: starting it again"; rm -rf $(SITE_VENV); fi
+	test -d $(SITE_VENV) || $(PYTHON) -m venv $(SITE_VENV)
+	touch $(SITE_VENV)/.installing
+	$(SITE_VENV)/bin/python -m pip install --quiet -r requirements-site.txt
+	rm -f $(SITE_VENV)/.installing
+	touch $(SITE_STAMP)
+
+site-venv: $(SITE_STAMP)  ## create .venv-site with the book site's pinned packages (make html does it)
+
+html: $(SITE_STAMP)  ## build the book site (Jupyter Book: contents, search, launch buttons, offline math) into site/
+	$(SITE_VENV)/bin/python -m tools.site --out site
 
 bench: $(STAMP)  ## time NumPy / naive / SDPA / tiled attention at large sizes -> benchmarks/results-<device>.md
 	$(BIN)/python -m tools.bench

@@ -1,52 +1,53 @@
-"""`make html`: the static site has every notebook in order, prev/next links, and no broken links.
+"""`make html`: the book site (Jupyter Book) has every notebook in the sidebar in series order,
+search that finds them, launch buttons and an .ipynb download on every page, the stored figures
+with their alt text, math from a local MathJax copy (nothing from the network), and no broken link.
 
-The site is built into a temporary folder from the notebooks that exist (numbered ones, then
-solutions), and once from two throwaway notebooks so the checks are exercised even while the
-series is being written.
+The site is built once, from the course as it is, with the site's own environment (.venv-site,
+which `make test` creates first). What a reader sees in a browser (search results, typeset math,
+decoded figures, with the network blocked) is checked in tests/test_ui.py.
 """
 
 from __future__ import annotations
 
-import base64
-import io
+import json
+import re
+import shutil
 import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-import matplotlib.pyplot as plt
 import nbformat
 import pytest
 
-from tools import site
+from tools import course, site
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = site.course_notebooks()
+SITE_PYTHON = ROOT / ".venv-site" / "bin" / "python"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-class Links(HTMLParser):
-    """Every href/src of a page, the <nav> links by rel, and the ids."""
+class Page(HTMLParser):
+    """Every (tag, attrs) of a page, and the text of its sidebar links."""
 
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
-        self.refs: list[tuple[str, str, str]] = []  # (tag, attribute, url)
-        self.rel: dict[str, list[str]] = {}
+        self.tags: list[tuple[str, dict[str, str]]] = []
         self.ids: set[str] = set()
 
     def handle_starttag(self, tag, attrs):
-        a = dict(attrs)
+        a = {k: v or "" for k, v in attrs}
+        self.tags.append((tag, a))
         if a.get("id"):
             self.ids.add(a["id"])
-        for attr in ("href", "src"):
-            if a.get(attr) is not None:
-                self.refs.append((tag, attr, a[attr]))
-        if tag == "a" and a.get("rel") and a.get("href"):
-            self.rel.setdefault(a["rel"], []).append(a["href"])
+
+    def refs(self) -> list[tuple[str, str, str]]:
+        return [(t, k, a[k]) for t, a in self.tags for k in ("href", "src") if k in a]
 
 
-def parse(page: Path) -> Links:
-    p = Links()
+def parse(page: Path) -> Page:
+    p = Page()
     p.feed(page.read_text(encoding="utf-8"))
     return p
 
@@ -59,8 +60,9 @@ def is_local(url: str) -> bool:
 def broken_links(out: Path) -> list[str]:
     """`page: url` for every relative href/src in the site that does not resolve to a file in it."""
     broken = []
-    for page in sorted(out.rglob("*.html")):
-        for _tag, _attr, url in parse(page).refs:
+    pages = [p for p in sorted(out.rglob("*.html")) if "_static" not in p.relative_to(out).parts]
+    for page in pages:  # (the theme's _static/ holds templates, not pages)
+        for _tag, _attr, url in parse(page).refs():
             if not is_local(url):
                 continue
             target = (page.parent / unquote(urlsplit(url).path)).resolve()
@@ -69,124 +71,119 @@ def broken_links(out: Path) -> list[str]:
     return broken
 
 
-def local_images(page: Path) -> list[Path]:
-    return [
-        (page.parent / unquote(urlsplit(url).path)).resolve()
-        for tag, attr, url in parse(page).refs
-        if tag == "img" and attr == "src" and is_local(url)
-    ]
+def page_of(out: Path, notebook: Path) -> Path:
+    return out / notebook.relative_to(ROOT).with_suffix(".html")
 
 
-def stored_pngs(path: Path) -> int:
-    nb = nbformat.read(path, as_version=4)
-    return sum(
-        "image/png" in out.get("data", {})
-        for c in nb.cells if c.cell_type == "code" for out in c.outputs
-    )
+def build_site(out: Path) -> Path:
+    if not SITE_PYTHON.exists():
+        pytest.fail("the site's environment is missing: `make test` creates it (`make site-venv`)")
+    done = subprocess.run([str(SITE_PYTHON), "-m", "tools.site", "--out", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return out
 
 
-def check_site(out: Path, notebooks: list[Path], pages: list[site.Page]) -> None:
-    assert [p.source for p in pages] == notebooks
-    index = parse(out / "index.html")
-    listed = [url for tag, attr, url in index.refs if tag == "a" and is_local(url)]
-    assert listed == [p.rel for p in pages], "the index lists the notebooks in series order"
-
-    for i, page in enumerate(pages):
-        path = out / page.rel
-        links = parse(path)
-        up = "../" * page.rel.count("/")
-        prev = [f"{up}{pages[i - 1].rel}"] * 2 if i > 0 else []
-        nxt = [f"{up}{pages[i + 1].rel}"] * 2 if i + 1 < len(pages) else []
-        assert links.rel.get("prev", []) == prev, f"{page.rel}: previous links (top and bottom)"
-        assert links.rel.get("next", []) == nxt, f"{page.rel}: next links (top and bottom)"
-        assert f"{up}index.html" in [u for _, _, u in links.refs]
-
-        images = local_images(path)
-        assert len(images) == stored_pngs(page.source), f"{page.rel}: one <img> per stored figure"
-        for img in images:
-            assert img.read_bytes()[:8] == PNG_MAGIC, f"{img.name} is not a PNG"
-        assert not [u for t, _, u in links.refs if t == "a" and u.endswith(".ipynb") and is_local(u)]
-
-    assert broken_links(out) == []
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    return build_site(tmp_path_factory.mktemp("site") / "site")
 
 
-def png_output() -> dict:
-    fig, ax = plt.subplots(figsize=(2, 2))
-    ax.imshow([[0.2, 0.8], [0.6, 0.4]])
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    data = base64.b64encode(buf.getvalue()).decode()
-    return nbformat.v4.new_output("display_data", data={"image/png": data, "text/plain": "<Figure>"})
+def test_the_sidebar_lists_every_notebook_in_series_order_in_three_parts(built):
+    html = (built / "intro.html").read_text(encoding="utf-8")
+    captions = re.findall(r'<p aria-level="2" class="caption" role="heading">'
+                          r'<span class="caption-text">([^<]+)</span>', html)
+    assert captions == ["The core", "Beyond the core", "Solutions"], captions
+    nav = html.split('class="bd-sidebar-primary', 1)[1].split("</nav>", 1)[0]
+    linked = re.findall(r'<a class="reference internal" href="([^"#]+)"', nav)
+    expected = [nb.relative_to(ROOT).with_suffix(".html").as_posix() for nb in NOTEBOOKS]
+    assert linked == expected
 
 
-def throwaway_course(root: Path) -> list[Path]:
-    """notebooks/01_a, 02_b and solutions/01_a_solutions, linked like the real ones."""
-    nbs = {
-        "01_first.ipynb": ("# First steps", "Next: [the second notebook](02_second.ipynb#Summary)."),
-        "02_second.ipynb": ("# Second *steps*", "Back to [the first](01_first.ipynb); "
-                            "code in [shared/attention.py](../shared/attention.py)."),
-        "solutions/01_first_solutions.ipynb": ("# Solutions to 01", "[Exercises](../01_first.ipynb)"),
-    }
-    (root / "shared").mkdir()
-    (root / "shared" / "attention.py").write_text('"""Course code."""\n')
-    paths = []
-    for rel, (title, text) in nbs.items():
-        nb = nbformat.v4.new_notebook()
-        code = nbformat.v4.new_code_cell("plot()", execution_count=1)
-        code.outputs = [png_output()]
-        nb.cells = [nbformat.v4.new_markdown_cell(f"{title}\n\n{text}"), code,
-                    nbformat.v4.new_markdown_cell("## Summary\n\nDone.")]
-        path = root / "notebooks" / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        nbformat.write(nb, path)
-        paths.append(path)
-    return paths
+def test_every_page_has_colab_and_binder_launch_buttons_and_an_ipynb_download(built):
+    cfg = course.config()
+    for nb in NOTEBOOKS:
+        rel = nb.relative_to(ROOT).as_posix()
+        refs = [url for _, _, url in parse(page_of(built, nb)).refs()]
+        colab = f"https://colab.research.google.com/github/{cfg['github']}/blob/{cfg['branch']}/{rel}"
+        assert colab in refs, f"{rel}: no Colab launch button"
+        binder = [u for u in refs if u.startswith(f"https://mybinder.org/v2/gh/{cfg['github']}/")]
+        assert binder and binder[0].endswith(rel), f"{rel}: no Binder launch button"
+        download = [u for u in refs if u.endswith("_sources/" + rel)]
+        assert download, f"{rel}: no .ipynb download"
+        source = (page_of(built, nb).parent / download[0]).resolve()
+        assert json.loads(source.read_text(encoding="utf-8"))["cells"], f"{rel}: empty download"
 
 
-def test_site_of_throwaway_notebooks(tmp_path):
-    notebooks = throwaway_course(tmp_path)
-    assert site.course_notebooks(tmp_path / "notebooks") == notebooks
-    out = tmp_path / "site"
-    pages = site.build(notebooks, out, tmp_path / "notebooks")
-    assert [p.title for p in pages] == ["First steps", "Second steps", "Solutions to 01"]
-    check_site(out, notebooks, pages)
-    first = (out / "01_first.html").read_text(encoding="utf-8")
-    assert 'href="02_second.html#Summary"' in first
-    second = (out / "02_second.html").read_text(encoding="utf-8")
-    assert "github.com/" in second and "/shared/attention.py" in second
-    solutions = (out / "solutions" / "01_first_solutions.html").read_text(encoding="utf-8")
-    assert 'href="../01_first.html"' in solutions
+def test_search_finds_softmax_in_notebook_01(built):
+    text = (built / "searchindex.js").read_text(encoding="utf-8")
+    index = json.loads(text[text.index("(") + 1: text.rindex(")")])
+    docs = index["docnames"]
+    hits = []  # Sphinx's search looks words up in the text and in the headings
+    for table in ("terms", "titleterms"):
+        found = index[table].get("softmax", [])
+        hits += found if isinstance(found, list) else [found]
+    assert "notebooks/01_simplified_self_attention" in [docs[i] for i in hits]
+    assert "notebooks/01_simplified_self_attention" in docs and "intro" in docs
 
 
-def test_broken_links_are_reported(tmp_path):
-    notebooks = throwaway_course(tmp_path)
-    out = tmp_path / "site"
-    site.build(notebooks, out, tmp_path / "notebooks")
-    next(out.rglob("*.png")).unlink()
-    page = out / "02_second.html"
-    page.write_text(page.read_text().replace("01_first.html", "01_missing.html", 1))
-    broken = broken_links(out)
-    assert any(b.startswith("02_second.html: ") and "01_missing.html" in b for b in broken), broken
+def test_math_comes_from_the_site_itself(built):
+    page = parse(page_of(built, NOTEBOOKS[0]))
+    scripts = [a["src"] for t, a in page.tags if t == "script" and a.get("src")]
+    mathjax = [s for s in scripts if "mathjax" in s.lower()]
+    assert mathjax and all(is_local(s) for s in mathjax), mathjax
+    assert (page_of(built, NOTEBOOKS[0]).parent / mathjax[0]).resolve().is_file()
+    external = [s for s in scripts if not is_local(s)]
+    styles = [a["href"] for t, a in page.tags if t == "link" and a.get("rel") == "stylesheet"]
+    assert not external and all(is_local(s) for s in styles), (external, styles)
+
+
+def test_every_figure_is_there_as_a_png_with_its_alt_text(built):
+    for nb in NOTEBOOKS:
+        stored = nbformat.read(nb, as_version=4)
+        alts = [o.get("metadata", {}).get("image/png", {}).get("alt")
+                for c in stored.cells if c.cell_type == "code" for o in course.image_outputs(c)]
+        page = page_of(built, nb)
+        images = [a for t, a in parse(page).tags
+                  if t == "img" and "_images/" in a.get("src", "")]
+        assert len(images) == len(alts), f"{nb.name}: one <img> per stored figure"
+        for img, alt in zip(images, alts):
+            assert (page.parent / img["src"]).resolve().read_bytes()[:8] == PNG_MAGIC
+            assert alt and alt in img.get("alt", ""), f"{nb.name}: alt text {img.get('alt')!r}"
+
+
+def test_links_between_notebooks_become_links_between_pages(built):
+    solutions = [nb for nb in NOTEBOOKS if nb.parent.name == "solutions"]
+    assert solutions
+    for nb in solutions:
+        text = nbformat.read(nb, as_version=4)
+        linked = {m for c in text.cells if c.cell_type == "markdown"
+                  for m in re.findall(r"\]\(\.\./([0-9][0-9]_\w+)\.ipynb", c.source)}
+        refs = {url.split("#")[0] for _, _, url in parse(page_of(built, nb)).refs()}
+        assert linked and {f"../{name}.html" for name in linked} <= refs, (nb.name, linked)
+
+
+def test_no_broken_links_and_the_checker_catches_one(built, tmp_path):
+    assert broken_links(built) == []
+    copy = tmp_path / "copy"
+    shutil.copytree(built, copy)
+    next((copy / "_images").glob("*.png")).unlink()
+    page = page_of(copy, NOTEBOOKS[1])
+    page.write_text(page.read_text(encoding="utf-8").replace(
+        NOTEBOOKS[0].with_suffix(".html").name, "00_missing.html", 1), encoding="utf-8")
+    broken = broken_links(copy)
+    assert any("00_missing.html" in b for b in broken), broken
     assert any(b.endswith(".png") for b in broken), broken
 
 
-def test_build_refuses_to_replace_a_folder_that_is_not_a_site(tmp_path):
+def test_build_refuses_to_replace_a_folder_that_it_did_not_build(tmp_path):
     (tmp_path / "precious.txt").write_text("keep me")
-    with pytest.raises(SystemExit, match="not a course site"):
-        site.build([], tmp_path)
+    with pytest.raises(FileExistsError, match="was not built by tools/site.py"):
+        site.build(tmp_path, NOTEBOOKS)
     assert (tmp_path / "precious.txt").exists()
 
 
-@pytest.mark.skipif(not NOTEBOOKS, reason="no course notebooks yet")
-def test_site_of_the_course(tmp_path):
-    out = tmp_path / "site"
-    pages = site.build(NOTEBOOKS, out)
-    check_site(out, NOTEBOOKS, pages)
-
-
-def test_site_folder_is_git_ignored():
-    result = subprocess.run(
-        ["git", "check-ignore", "-q", "site/index.html"], cwd=ROOT, capture_output=True
-    )
-    assert result.returncode == 0, "site/ must be in .gitignore"
+def test_site_folders_are_git_ignored():
+    for path in ("site/index.html", ".venv-site/bin/python"):
+        result = subprocess.run(["git", "check-ignore", "-q", path], cwd=ROOT, capture_output=True)
+        assert result.returncode == 0, f"{path} must be ignored by git"

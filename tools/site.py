@@ -1,54 +1,68 @@
-"""Render the course into a static HTML site for readers without Jupyter (``make html``).
+"""Build the course's book site with Jupyter Book 1.x (``make html``): a sidebar of contents (the
+core, beyond the core, solutions), full-text search, Colab/Binder launch buttons and an .ipynb
+download on every page, the stored outputs and figures (nothing is executed), and math typeset by a
+MathJax 3 copy that ships with the site (``sphinx-mathjax-offline``), so it reads offline.
 
-Every numbered notebook (``notebooks/NN_*.ipynb``, in order), then the solutions
-(``notebooks/solutions/*.ipynb``) if there are any, is rendered with its *stored* outputs by
-nbconvert (nothing is executed). Figures are written as PNG files next to each page
-(``<page>_files/``). Each page gets index / previous / next links. Links between notebooks
-(``02_x.ipynb``) become links between pages (``02_x.html``); links to course files outside
-``notebooks/`` point at the file on GitHub (the location configured in ``[tool.course]``).
+The book is staged in a temporary folder that mirrors the repository (``notebooks/...``), so launch
+buttons point at the right files on GitHub. Staging also
 
-    python -m tools.site --out site        # what `make html` runs
+* writes ``_config.yml`` and ``_toc.yml`` from this module (the GitHub location comes from
+  ``[tool.course]`` in ``pyproject.toml``, like the notebooks' badges);
+* turns each figure's alt text (stamped into its output metadata by ``tools/course.py``) into the
+  image's ``alt`` attribute;
+* points links to course files outside ``notebooks/`` (``../shared/flash.py``) at GitHub.
+
+Its packages are pinned in ``requirements-site.txt`` and live in their own ``.venv-site``, so the
+learner's environment stays lean and the kernel's pins are untouched.
+
+    .venv-site/bin/python -m tools.site --out site        # what `make html` runs
 """
 
 from __future__ import annotations
 
 import argparse
-import html
-import logging
+import json
 import re
 import shutil
+import subprocess
 import sys
-from dataclasses import dataclass
+import tempfile
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
-
-import nbformat
-from nbconvert import HTMLExporter
 
 from tools import course
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 SITE_TITLE = "Attention, executable"
-MARKER = "<!-- built by tools/site.py -->"  # build() only ever replaces a folder holding this
+SITE_VENV = ROOT / ".venv-site"
+MARKER = ".built-by-tools-site"  # build() only ever replaces a folder holding this file
+CORE = ("01", "02", "03", "04", "05")
 
-NAV_CSS = """
-<style>
-nav.course-nav { display: flex; gap: 1.5em; align-items: baseline; flex-wrap: wrap;
-  font-family: system-ui, sans-serif; font-size: 15px; padding: 0.6em 1em;
-  border-bottom: 1px solid #ddd; background: #fafafa; }
-nav.course-nav.bottom { border-top: 1px solid #ddd; border-bottom: none; margin-top: 2em; }
-nav.course-nav a { text-decoration: none; }
-nav.course-nav .spacer { flex: 1; }
-</style>
+INTRO = """\
+# {title}
+
+An executable course on the attention mechanism: numbered Jupyter notebooks that take you from
+dot products between six toy word vectors, through trainable, causal and multi-head attention,
+to attention on the GPU, the backward pass, and what trained models do with it.
+
+Every number on these pages was printed by the notebook itself, every implementation is checked
+against PyTorch's own, and the whole course runs offline on a laptop CPU in about a minute.
+
+**Read here, or run it.** Each page has a launch button (the rocket, top right) that opens the
+notebook in Colab or Binder, and a download button for the `.ipynb` file. To run it on your own
+machine:
+
+```bash
+git clone https://github.com/{github}.git
+cd {name}
+make lab     # creates .venv with the pinned packages, then opens JupyterLab
+```
+
+Start with [01 · Simplified self-attention](notebooks/{first}). The five core notebooks (01–05)
+build attention from scratch; the notebooks beyond the core use it. Each ends with exercises that
+check themselves; worked solutions are listed last.
 """
-
-
-@dataclass(frozen=True)
-class Page:
-    source: Path  # the notebook
-    rel: str  # page path inside the site, e.g. "01_x.html" or "solutions/01_x_solutions.html"
-    title: str
 
 
 def course_notebooks(notebooks_dir: Path = NOTEBOOKS) -> list[Path]:
@@ -58,163 +72,171 @@ def course_notebooks(notebooks_dir: Path = NOTEBOOKS) -> list[Path]:
     return numbered + solutions
 
 
-def notebook_title(nb: nbformat.NotebookNode, fallback: str) -> str:
-    for cell in nb.cells:
-        if cell.cell_type == "markdown":
-            m = re.search(r"^#\s+(.+?)\s*$", cell.source, flags=re.M)
-            if m:
-                return re.sub(r"[*_`]", "", m.group(1))
-    return fallback
-
-
-def relative(from_page: str, to_path: str) -> str:
-    """URL of site path `to_path` as seen from the page at site path `from_page`."""
-    depth = from_page.count("/")
-    return "../" * depth + to_path
-
-
 def github_url(repo_path: str) -> str:
     cfg = course.config()
     return f"https://github.com/{cfg['github']}/blob/{cfg['branch']}/{repo_path}"
 
 
-def rewrite_links(body: str, page: Page, notebooks_dir: Path, out: Path) -> str:
-    """Make the notebooks' relative links work on the site (see the module docstring)."""
-    src_dir = page.source.parent
-    course_root = notebooks_dir.resolve().parent
+def toc(notebooks: list[Path], notebooks_dir: Path) -> str:
+    """``_toc.yml``: the intro page, then one part each for the core, beyond it, the solutions."""
 
-    def fix(m: re.Match) -> str:
-        attr, quote, url = m.group(1), m.group(2), html.unescape(m.group(3))
-        parts = urlsplit(url)
-        if parts.scheme or parts.netloc or url.startswith(("#", "/", "data:")) or not parts.path:
-            return m.group(0)
-        target = (src_dir / unquote(parts.path)).resolve()
-        frag = f"#{parts.fragment}" if parts.fragment else ""
-        try:
-            inside = target.relative_to(notebooks_dir.resolve()).as_posix()
-        except ValueError:
-            inside = None
-        if inside is not None and target.suffix == ".ipynb":
-            new = relative(page.rel, inside[: -len(".ipynb")] + ".html") + frag
-        elif inside is not None and target.is_file():
-            (out / inside).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(target, out / inside)  # e.g. an image a markdown cell shows
-            new = relative(page.rel, inside) + frag
-        elif inside is None and target.is_relative_to(course_root) and target.exists():
-            new = github_url(target.relative_to(course_root).as_posix()) + frag
-        else:
-            return m.group(0)  # leave it; the site test reports it as broken
-        return f"{attr}={quote}{html.escape(new, quote=True)}{quote}"
+    def entry(p: Path) -> str:
+        rel = p.relative_to(notebooks_dir.parent).with_suffix("").as_posix()
+        return f"      - file: {rel}\n"
 
-    return re.sub(r"\b(href|src)=([\"'])([^\"']*)\2", fix, body)
-
-
-def nav(pages: list[Page], i: int, where: str) -> str:
-    page = pages[i]
-    links = [f'<a href="{relative(page.rel, "index.html")}">&#8962; All notebooks</a>']
-    links.append('<span class="spacer"></span>')
-    if i > 0:
-        prev = pages[i - 1]
-        title = html.escape(prev.title)
-        links.append(f'<a rel="prev" href="{relative(page.rel, prev.rel)}">&larr; {title}</a>')
-    if i + 1 < len(pages):
-        nxt = pages[i + 1]
-        title = html.escape(nxt.title)
-        links.append(f'<a rel="next" href="{relative(page.rel, nxt.rel)}">{title} &rarr;</a>')
-    return f'<nav class="course-nav {where}">' + "\n".join(links) + "</nav>"
-
-
-def index_html(pages: list[Page]) -> str:
-    def items(group: list[Page]) -> str:
-        return "\n".join(f'<li><a href="{p.rel}">{html.escape(p.title)}</a></li>' for p in group)
-
-    core = [p for p in pages if "/" not in p.rel]
-    solutions = [p for p in pages if p.rel.startswith("solutions/")]
-    cfg = course.config()
+    numbered = [p for p in notebooks if p.parent == notebooks_dir]
     parts = [
-        "<!DOCTYPE html>",
-        MARKER,
-        '<html lang="en"><head><meta charset="utf-8">',
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{html.escape(SITE_TITLE)}</title>",
-        "<style>body { font-family: system-ui, sans-serif; max-width: 46em; margin: 2em auto;"
-        " padding: 0 1em; line-height: 1.5; } li { margin: 0.3em 0; }</style>",
-        "</head><body>",
-        f"<h1>{html.escape(SITE_TITLE)}</h1>",
-        "<p>The course notebooks with their stored outputs, to read without Jupyter. "
-        "To run them, open them in JupyterLab, Colab or Binder: see "
-        f'<a href="https://github.com/{cfg["github"]}">the repository</a>.</p>',
-        '<h2>The series</h2>\n<ol class="series">',
-        items(core),
-        "</ol>",
+        ("The core", [p for p in numbered if p.name[:2] in CORE]),
+        ("Beyond the core", [p for p in numbered if p.name[:2] not in CORE]),
+        ("Solutions", [p for p in notebooks if p.parent != notebooks_dir]),
     ]
-    if solutions:
-        parts += ['<h2>Solutions</h2>\n<ul class="solutions">', items(solutions), "</ul>"]
-    parts.append("</body></html>\n")
-    return "\n".join(parts)
+    text = "format: jb-book\nroot: intro\nparts:\n"
+    for caption, pages in parts:
+        if pages:
+            text += f"  - caption: {caption}\n    chapters:\n" + "".join(map(entry, pages))
+    return text
 
 
-class _QuietAltText(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "Alternative text is missing" not in str(record.msg)
+def config_yml() -> str:
+    """``_config.yml``: no execution, launch buttons, search, offline MathJax."""
+    cfg = course.config()
+    return f"""\
+title: "{SITE_TITLE}"
+author: The course's authors
+copyright: "2026"
+only_build_toc_files: true
+execute:
+  execute_notebooks: "off"
+repository:
+  url: https://github.com/{cfg["github"]}
+  branch: {cfg["branch"]}
+launch_buttons:
+  notebook_interface: jupyterlab
+  binderhub_url: https://mybinder.org
+  colab_url: https://colab.research.google.com
+html:
+  use_repository_button: true
+  use_download_button: true
+  home_page_in_navbar: true
+parse:
+  myst_enable_extensions: [dollarmath, amsmath, colon_fence]
+sphinx:
+  extra_extensions: [sphinx-mathjax-offline]
+  config:
+    html_show_sphinx: false
+    nb_ipywidgets_js: {{}}
+    suppress_warnings: [myst.header, mystnb.unknown_mime_type]
+"""
 
 
-def build(notebooks: list[Path], out: Path, notebooks_dir: Path = NOTEBOOKS) -> list[Page]:
-    """Render `notebooks` (in this order) into the folder `out`; return the pages written."""
-    if out.exists() and any(out.iterdir()):
-        if not (out / "index.html").is_file() or MARKER not in (out / "index.html").read_text():
-            raise SystemExit(f"{out} is not empty and not a course site: refusing to replace it")
+def _link_outside(url: str, src_dir: Path, notebooks_dir: Path) -> str | None:
+    """The GitHub URL for a relative link to a course file outside ``notebooks/``, else None."""
+    parts = urlsplit(url)
+    if parts.scheme or parts.netloc or url.startswith(("#", "/", "data:")) or not parts.path:
+        return None
+    target = (src_dir / unquote(parts.path)).resolve()
+    course_root = notebooks_dir.resolve().parent
+    if target.is_relative_to(notebooks_dir.resolve()) or not target.is_relative_to(course_root):
+        return None
+    if not target.exists():
+        return None
+    frag = f"#{parts.fragment}" if parts.fragment else ""
+    return github_url(target.relative_to(course_root).as_posix()) + frag
+
+
+def stage_notebook(src: Path, dest: Path, notebooks_dir: Path) -> None:
+    """Copy one notebook into the book: alt text onto its figures, outside links to GitHub."""
+    nb = json.loads(src.read_text(encoding="utf-8"))
+    md_link = re.compile(r"(\]\()([^)\s]+)(\))")
+    # The page's launch button replaces the Colab badge (an image from the network); the setup cell
+    # is folded away (sphinx-togglebutton) instead of collapsed, so its note goes too.
+    nb["cells"] = [c for c in nb["cells"]
+                   if course.SETUP_NOTE_TAG not in c.get("metadata", {}).get("tags", [])]
+    setup = next((c for c in nb["cells"] if c["cell_type"] == "code"), None)
+    if setup is not None:
+        setup["metadata"]["tags"] = [*setup["metadata"].get("tags", []), "hide-input"]
+    for cell in nb["cells"]:
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "markdown":
+            source = course.BADGE_RE.sub("", source).lstrip("\n")
+
+            def fix(m: re.Match) -> str:
+                new = _link_outside(m.group(2), src.parent, notebooks_dir)
+                return m.group(1) + new + m.group(3) if new else m.group(0)
+
+            cell["source"] = md_link.sub(fix, source)
+        elif cell["cell_type"] == "code":
+            alts = [o.get("metadata", {}).get("image/png", {}).get("alt")
+                    for o in course.image_outputs(cell)]
+            alts = list(dict.fromkeys(a for a in alts if a))  # in order, once each
+            if alts:
+                cell["metadata"].setdefault("mystnb", {})["image"] = {"alt": " ".join(alts)}
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(json.dumps(nb, indent=1, ensure_ascii=False), encoding="utf-8")
+
+
+def title_of(path: Path) -> str:
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "markdown":
+            m = re.search(r"^#\s+(.+?)\s*$", "".join(cell["source"]), flags=re.M)
+            if m:
+                return re.sub(r"[*_`]", "", m.group(1))
+    return path.stem
+
+
+def stage(book: Path, notebooks: list[Path], notebooks_dir: Path = NOTEBOOKS) -> None:
+    """Write the whole book source (notebooks, intro page, config, table of contents) to ``book``."""
+    cfg = course.config()
+    for nb in notebooks:
+        stage_notebook(nb, book / nb.relative_to(notebooks_dir.parent), notebooks_dir)
+    first = next((p for p in notebooks if p.parent == notebooks_dir), notebooks[0])
+    (book / "intro.md").write_text(INTRO.format(
+        title=SITE_TITLE, github=cfg["github"], name=cfg["github"].split("/")[1],
+        first=first.relative_to(notebooks_dir).as_posix()), encoding="utf-8")
+    (book / "_config.yml").write_text(config_yml(), encoding="utf-8")
+    (book / "_toc.yml").write_text(toc(notebooks, notebooks_dir), encoding="utf-8")
+
+
+def build(out: Path, notebooks: list[Path] | None = None,
+          notebooks_dir: Path = NOTEBOOKS) -> Path:
+    """Stage the book, build it with Jupyter Book (warnings are errors), and copy the HTML to
+    ``out``. Returns ``out``."""
+    notebooks = course_notebooks(notebooks_dir) if notebooks is None else notebooks
+    if not notebooks:
+        raise ValueError(f"no notebooks found under {notebooks_dir}")
+    if out.exists():
+        if not (out / MARKER).exists():
+            raise FileExistsError(f"{out} exists and was not built by tools/site.py; not replacing it")
         shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
-    loaded = [nbformat.read(p, as_version=4) for p in notebooks]
-    pages = [
-        Page(p, p.resolve().relative_to(notebooks_dir.resolve()).with_suffix(".html").as_posix(),
-             notebook_title(nb, p.stem))
-        for p, nb in zip(notebooks, loaded, strict=True)
-    ]
-    exporter = HTMLExporter(template_name="lab")
-    if not any(isinstance(f, _QuietAltText) for f in exporter.log.filters):
-        exporter.log.addFilter(_QuietAltText())  # we fill the alt text in ourselves below
-    exporter.register_preprocessor(
-        "nbconvert.preprocessors.ExtractOutputPreprocessor", enabled=True
-    )
-    for i, (page, nb) in enumerate(zip(pages, loaded, strict=True)):
-        page_path = out / page.rel
-        page_path.parent.mkdir(parents=True, exist_ok=True)
-        stem = page_path.stem
-        resources = {
-            "metadata": {"name": page.title},
-            "output_files_dir": f"{stem}_files",
-            "unique_key": stem,
-        }
-        body, res = exporter.from_notebook_node(nb, resources=resources)
-        for name, data in res.get("outputs", {}).items():
-            (page_path.parent / name).parent.mkdir(parents=True, exist_ok=True)
-            (page_path.parent / name).write_bytes(data)
-        body = rewrite_links(body, page, notebooks_dir, out)
-        body = body.replace(  # nbconvert's placeholder for outputs without alt text
-            'alt="No description has been provided for this image"',
-            f'alt="{html.escape(f"Figure from {page.title!r}", quote=True)}"',
-        )
-        body = body.replace("</head>", NAV_CSS + "</head>", 1)
-        top, bottom = nav(pages, i, "top"), nav(pages, i, "bottom")
-        body = re.sub(r"(<body[^>]*>)", lambda m, top=top: m.group(1) + top, body, count=1)
-        body = body.replace("</body>", bottom + "</body>", 1)
-        page_path.write_text(body, encoding="utf-8")
-    (out / "index.html").write_text(index_html(pages), encoding="utf-8")
-    return pages
+    jupyter_book = Path(sys.executable).parent / "jupyter-book"
+    if not jupyter_book.exists():
+        jupyter_book = SITE_VENV / "bin" / "jupyter-book"
+    if not jupyter_book.exists():
+        raise FileNotFoundError("Jupyter Book is not installed: run `make site-venv` (or `make html`)")
+    with tempfile.TemporaryDirectory(prefix="book-") as tmp:
+        book = Path(tmp) / "book"
+        stage(book, notebooks, notebooks_dir)
+        done = subprocess.run([str(jupyter_book), "build", str(book), "--builder", "html",
+                               "--warningiserror", "--keep-going", "--quiet"],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"jupyter-book build failed:\n{done.stdout[-4000:]}\n"
+                               f"{done.stderr[-4000:]}")
+        shutil.copytree(book / "_build" / "html", out)
+    (out / MARKER).write_text("built by tools/site.py (make html)\n", encoding="utf-8")
+    return out
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "site", help="output folder (replaced)")
+    parser.add_argument("--out", type=Path, default=ROOT / "site")
+    parser.add_argument("--notebooks", type=Path, default=NOTEBOOKS,
+                        help="the notebooks folder (default: the course's)")
     args = parser.parse_args(argv)
-    notebooks = course_notebooks()
-    if not notebooks:
-        print("no notebooks found under notebooks/", file=sys.stderr)
-        return 1
-    pages = build(notebooks, args.out)
-    print(f"wrote {len(pages)} pages and index.html to {args.out}")
+    notebooks = course_notebooks(args.notebooks)
+    build(args.out, notebooks, args.notebooks)
+    print(f"site written to {args.out}/index.html ({len(notebooks)} notebooks)")
     return 0
 
 

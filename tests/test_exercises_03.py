@@ -207,3 +207,22 @@ def test_causal_bug_fix_hints(capsys, answer, hint):
     out = capsys.readouterr().out
     assert hint in out, out
     assert result.passed is (hint == "correct!")
+
+
+def test_an_exception_names_the_input_that_caused_it(capsys):
+    ex.check_expected_empty_rows(lambda T, p: 1 / (T - 1))
+    assert "called with T = 1, p = 0.3" in capsys.readouterr().out
+
+    def broken_forward(d_in, d_out, context_length, window):
+        module = Window(d_in, d_out, context_length, window)
+        module.forward = lambda x: x @ torch.ones(5, 5)
+        return module
+
+    ex.check_sliding_window_attention(broken_forward)
+    assert "on x of shape (2, 6, 3), context_length = 8, window = 3" in capsys.readouterr().out
+
+    def causal_needs_square(Q, K, V):
+        return np.linalg.inv(V) @ V
+
+    ex.check_causal_bug_fix(causal_needs_square)
+    assert "on Q, K of shape (5, 4) and V of shape (5, 3)" in capsys.readouterr().out

@@ -135,7 +135,9 @@ def check_sliding_window_attention(SlidingWindowAttention):
     for case, (d_in, d_out, n, window, B, T) in enumerate(cases):
         torch.manual_seed(310 + case)
         module = _call(SlidingWindowAttention, d_in, d_out, n, window,
-                       name="SlidingWindowAttention")
+                       name="SlidingWindowAttention",
+                       on_error=f"building it with d_in = {d_in}, d_out = {d_out}, "
+                                f"context_length = {n}, window = {window}")
         if not isinstance(module, nn.Module):
             raise _Wrong(f"SlidingWindowAttention(...) should build an nn.Module; got "
                          f"{type(module).__name__}: subclass nn.Module and call "
@@ -150,7 +152,9 @@ def check_sliding_window_attention(SlidingWindowAttention):
         x = torch.randn(B, T, d_in, generator=torch.Generator().manual_seed(320 + case))
         try:
             with torch.no_grad():
-                out = _call(module, x.clone(), name="forward")
+                out = _call(module, x.clone(), name="forward",
+                            on_error=f"on x of shape {(B, T, d_in)}, context_length = {n}, "
+                                     f"window = {window}")
         except _Wrong as e:
             _buffer_hint(module, n, window)
             if T < n:
@@ -247,7 +251,8 @@ def check_expected_empty_rows(expected_empty_rows):
     sets to 0: ``sum_{i=0}^{T-1} p^(i+1)``."""
     got, want = [], []
     for T, p in _EMPTY_CASES:
-        value = _scalar(_call(expected_empty_rows, T, p, name="expected_empty_rows"),
+        value = _scalar(_call(expected_empty_rows, T, p, name="expected_empty_rows",
+                              on_error=f"called with T = {T}, p = {p}"),
                         f"expected_empty_rows({T}, {p})")
         got.append(value)
         want.append(float(np.sum(p ** (np.arange(T) + 1))))
@@ -307,7 +312,9 @@ def check_causal_bug_fix(causal_attention):
         Q, K, V = rng.normal(size=(T, d_k)), rng.normal(size=(T, d_k)), rng.normal(size=(T, d_v))
         ref = _causal_reference(Q, K, V)
         inputs = [a.copy() for a in (Q, K, V)]
-        got = _numbers(_call(causal_attention, *inputs, name="causal_attention", copy=False),
+        shapes = f"on Q, K of shape {(T, d_k)} and V of shape {(T, d_v)}"
+        got = _numbers(_call(causal_attention, *inputs, name="causal_attention", copy=False,
+                             on_error=shapes),
                        "the output")
         changed = [n for n, a, b in zip("QKV", inputs, (Q, K, V), strict=True)
                    if not np.array_equal(a, b)]
@@ -352,7 +359,8 @@ def check_causal_bug_fix(causal_attention):
         K2, V2 = K.copy(), V.copy()
         K2[-1] += 5.0
         V2[-1] += 5.0
-        got2 = _numbers(_call(causal_attention, Q.copy(), K2, V2, name="causal_attention"),
+        got2 = _numbers(_call(causal_attention, Q.copy(), K2, V2, name="causal_attention",
+                              on_error=shapes),
                         "the output")
         leaked = [i for i in range(T - 1) if not np.allclose(got[i], got2[i])] if got2.shape == \
             got.shape else []

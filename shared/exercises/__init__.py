@@ -22,7 +22,7 @@ The exercises, by notebook (the checker names say what they check):
   ``check_design_embeddings``, ``check_spot_the_bug``.
 * 02: ``check_attend_to_one``, ``check_score_scale``, ``check_shift_matrix``,
   ``check_recover_permutation``.
-* 03: ``check_sliding_window_attention``, ``check_expected_empty_rows``, ``check_causal_bug_fix``.
+* 03: ``check_sliding_window_attention``, ``check_attention_dropout``, ``check_causal_bug_fix``.
 * 04: ``check_cross_attention``, ``check_split_merge_heads``, ``check_parameter_count``,
   ``check_fused_attention``, ``check_grouped_query_attention``.
 * 05: ``check_time_call``, ``check_online_softmax_step``, ``check_score_memory``,

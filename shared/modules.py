@@ -157,6 +157,31 @@ def _causal_buffer(context_length: int) -> torch.Tensor:
     return torch.ones(context_length, context_length, dtype=torch.bool).tril()
 
 
+def _drop_saved_causal_mask(module: nn.Module, state_dict: dict, prefix: str,
+                            error_msgs: list) -> None:
+    """Before ``load_state_dict``: remove a ``mask`` entry (the causal mask is derived state,
+    rebuilt in ``__init__``, not saved) if it is a causal mask in either convention: the course's
+    (bool lower triangle, True = may attend) or the textbook's (Raschka ch. 3: ``torch.triu(ones,
+    diagonal=1)``, 1 = blocked). Anything else is reported as a load error, never loaded."""
+    key = prefix + "mask"
+    if key not in state_dict:
+        return
+    saved = state_dict.pop(key)
+    n = saved.shape[-1] if saved.ndim == 2 and saved.shape[0] == saved.shape[1] else None
+    if n is not None:
+        tri = torch.ones(n, n, dtype=torch.bool, device=saved.device).tril()
+        if saved.dtype == torch.bool and torch.equal(saved, tri):
+            return  # the course's own convention
+        if torch.equal(saved.to(torch.float64), (~tri).to(torch.float64)):
+            return  # the textbook's convention: 1 = blocked above the diagonal
+    error_msgs.append(
+        f"{type(module).__name__} builds its own causal mask and does not load one; the "
+        f"state_dict entry {key!r} (shape {tuple(saved.shape)}, dtype {saved.dtype}) is not a "
+        "causal mask in either convention (True = may attend on and below the diagonal, or "
+        "1 = blocked above it as in torch.triu(ones, diagonal=1)), so loading it would change "
+        "what the module attends to: drop it from the state_dict or fix it")
+
+
 # --------------------------------------------------------------------------------------------
 # Single-head self-attention: v1 (raw parameters) and v2 (nn.Linear)
 # --------------------------------------------------------------------------------------------
@@ -224,7 +249,9 @@ class CausalAttention(nn.Module):
     """Batched causal self-attention, one head.
 
     The mask ``(context_length, context_length)`` (True = may attend) is a registered buffer:
-    it moves with ``.to(device)`` and is saved in the ``state_dict``, but is not trained. A
+    it moves with ``.to(device)`` and is not trained. It is derived state, so it stays out of
+    the ``state_dict`` (``persistent=False``); loading a ``state_dict`` that carries a causal
+    ``mask`` (this course's or the textbook's 1 = blocked) drops it, any other ``mask`` fails. A
     forward pass on ``T <= context_length`` tokens uses its top-left ``(T, T)`` corner.
     Dropout is applied to the attention weights (only in ``train()`` mode).
     """
@@ -239,7 +266,15 @@ class CausalAttention(nn.Module):
         self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
         self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
         self.dropout = nn.Dropout(_check_dropout(dropout))
-        self.register_buffer("mask", _causal_buffer(context_length))
+        # derived state: rebuilt here, kept out of the state_dict (a textbook checkpoint's
+        # mask, 1 = blocked, is checked and dropped by _load_from_state_dict)
+        self.register_buffer("mask", _causal_buffer(context_length), persistent=False)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        _drop_saved_causal_mask(self, state_dict, prefix, error_msgs)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
 
     def forward(self, x: torch.Tensor, return_weights: bool = False):
         """Shapes: x ``(B, T, d_in)`` with ``T <= context_length``.
@@ -320,7 +355,15 @@ class MultiHeadAttention(nn.Module):
         self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
         self.out_proj = nn.Linear(d_out, d_out)  # combines the heads
         self.dropout = nn.Dropout(_check_dropout(dropout))
-        self.register_buffer("mask", _causal_buffer(context_length))
+        # derived state: rebuilt here, kept out of the state_dict (a textbook checkpoint's
+        # mask, 1 = blocked, is checked and dropped by _load_from_state_dict)
+        self.register_buffer("mask", _causal_buffer(context_length), persistent=False)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        _drop_saved_causal_mask(self, state_dict, prefix, error_msgs)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
 
     def _split_heads(self, t: torch.Tensor) -> torch.Tensor:
         """``(B, T, d_out)`` -> ``(B, num_heads, T, head_dim)``."""

@@ -143,7 +143,7 @@ def test_causal_attention_matches_numpy_and_sdpa(B, T, ctx, d_in, d_out):
 def test_mask_is_a_buffer_of_context_length_sliced_to_T():
     torch.manual_seed(0)
     ca = CausalAttention(4, 3, context_length=8, dropout=0.0)
-    assert "mask" in dict(ca.named_buffers()) and "mask" in ca.state_dict()
+    assert "mask" in dict(ca.named_buffers()) and "mask" not in ca.state_dict()  # derived state
     assert "mask" not in dict(ca.named_parameters())
     assert ca.mask.dtype == torch.bool and ca.mask.shape == (8, 8)
     assert torch.equal(ca.mask, torch.ones(8, 8, dtype=torch.bool).tril())
@@ -522,3 +522,99 @@ def test_fused_qkv_bad_input():
         fused.load_from(MultiHeadAttention(8, 8, 4, 0.0, 4))
     with pytest.raises(ValueError, match="qkv_bias=True"):
         FusedQKVAttention(8, 8, 2, qkv_bias=False).gpt2_state_dict()
+
+
+# ---------------------------------------------------------------------------------------------
+# Interop with Raschka's ch. 3 modules: same attribute names, opposite mask convention
+# ---------------------------------------------------------------------------------------------
+class BookCausalAttention(nn.Module):
+    """The textbook's layout, written here from its published names: nn.Linear W_query, W_key,
+    W_value and a float buffer ``mask`` = torch.triu(ones, diagonal=1), 1 = blocked (saved)."""
+
+    def __init__(self, d_in, d_out, context_length, qkv_bias=False):
+        super().__init__()
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.register_buffer("mask", torch.triu(torch.ones(context_length, context_length),
+                                                diagonal=1))
+
+    def attend(self, q, k, v):  # q, k, v: (..., T, head_dim)
+        T = q.shape[-2]
+        s = (q @ k.transpose(-2, -1)).masked_fill(self.mask.bool()[:T, :T], -torch.inf)
+        return torch.softmax(s / k.shape[-1] ** 0.5, dim=-1) @ v
+
+    def forward(self, x):
+        return self.attend(self.W_query(x), self.W_key(x), self.W_value(x))
+
+
+class BookMultiHeadAttention(BookCausalAttention):
+    def __init__(self, d_in, d_out, context_length, num_heads, qkv_bias=False):
+        super().__init__(d_in, d_out, context_length, qkv_bias)
+        self.num_heads, self.head_dim = num_heads, d_out // num_heads
+        self.out_proj = nn.Linear(d_out, d_out)
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        q, k, v = (lin(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
+                   for lin in (self.W_query, self.W_key, self.W_value))
+        return self.out_proj(self.attend(q, k, v).transpose(1, 2).reshape(B, T, -1))
+
+
+def _book_pairs():
+    torch.manual_seed(11)
+    yield BookCausalAttention(4, 6, 8, qkv_bias=True), CausalAttention(4, 6, 8, qkv_bias=True)
+    yield (BookMultiHeadAttention(6, 6, 8, num_heads=2),
+           MultiHeadAttention(6, 6, 8, dropout=0.0, num_heads=2))
+
+
+@pytest.mark.parametrize("book,ours", list(_book_pairs()), ids=["causal", "multi_head"])
+def test_a_book_state_dict_loads_with_its_mask_understood(book, ours):
+    state = book.state_dict()
+    assert torch.equal(state["mask"], torch.triu(torch.ones(8, 8), diagonal=1))  # 1 = blocked
+    result = ours.eval().load_state_dict(state)  # strict: no missing or unexpected key
+    assert result.missing_keys == [] and result.unexpected_keys == []
+    assert "mask" in state  # the caller's dict is left as it was
+    assert torch.equal(ours.mask, torch.ones(8, 8, dtype=torch.bool).tril())  # not flipped
+    x = torch.randn(3, 7, book.W_query.in_features)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), book(x), atol=ATOL, rtol=0)
+        y = x.clone()
+        y[:, 5:] += 3.0  # the future moves, the past must not
+        torch.testing.assert_close(ours(y)[:, :5], ours(x)[:, :5], atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("book,ours", list(_book_pairs()), ids=["causal", "multi_head"])
+def test_our_state_dict_into_the_book_module_fails_loudly_or_keeps_its_mask(book, ours):
+    state = ours.state_dict()
+    assert "mask" not in state
+    with pytest.raises(RuntimeError, match=r"Missing key\(s\) in state_dict: \"mask\""):
+        book.load_state_dict(state)  # strict: a clear error, no silent NaN
+    assert book.load_state_dict(state, strict=False).missing_keys == ["mask"]
+    x = torch.randn(2, 6, book.W_query.in_features)
+    with torch.no_grad():
+        assert torch.isfinite(book(x)).all()
+        torch.testing.assert_close(book(x), ours.eval()(x), atol=ATOL, rtol=0)
+
+
+def test_a_mask_that_is_not_causal_is_refused_by_name():
+    torch.manual_seed(12)
+    book = BookCausalAttention(4, 4, 6)
+    ours = CausalAttention(4, 4, 6)
+    for bad in (torch.tril(torch.ones(6, 6)),  # float 1 = may attend: ambiguous, refused
+                torch.triu(torch.ones(6, 6), diagonal=1) + torch.ones(6, 6).tril(-3),  # a window
+                torch.ones(6, 6, dtype=torch.bool).triu(),  # bool True = blocked, diagonal too
+                torch.zeros(6, 6), torch.ones(6)):
+        state = {**book.state_dict(), "mask": bad}
+        with pytest.raises(RuntimeError, match=r"'mask' .* is not a causal mask in either "
+                                               r"convention .*1 = blocked above it"):
+            ours.load_state_dict(state)
+    nested = nn.Sequential(ours)  # the prefix of a submodule is honoured
+    state = {f"0.{k}": v for k, v in book.state_dict().items()}
+    nested.load_state_dict(state)
+    state["0.mask"] = torch.zeros(6, 6)
+    with pytest.raises(RuntimeError, match=r"'0.mask'"):
+        nested.load_state_dict(state)
+    legacy = {**ours.state_dict(), "mask": torch.ones(6, 6, dtype=torch.bool).tril()}
+    ours.load_state_dict(legacy)  # an older course checkpoint (True = may attend) still loads
+    assert torch.equal(ours.mask, torch.ones(6, 6, dtype=torch.bool).tril())

@@ -6,6 +6,7 @@ runs; float32 answers are accepted; hints name the mistake that was actually mad
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -23,11 +24,11 @@ from ._core import (
     _softmax,
     _Wrong,
 )
-from .nb01 import _numbers, _row_order_hint
+from .nb01 import _numbers, _row_order_hint, _scalar
 
 __all__ = [
     "check_sliding_window_attention",
-    "check_attention_dropout",
+    "check_expected_empty_rows",
     "check_causal_bug_fix",
 ]
 
@@ -42,13 +43,38 @@ def _band(n: int, window: int) -> np.ndarray:
 
 
 def _window_outputs(x: np.ndarray, W: dict, allowed: np.ndarray, scale: bool = True,
-                    after: bool = False) -> np.ndarray:
-    """Reference: x (B, T, d_in) float64, W: the math's (d_in, d_out) matrices."""
+                    after: bool = False, divisor: float | None = None,
+                    axis: int = -1) -> np.ndarray:
+    """Reference: x (B, T, d_in) float64, W: the math's (d_in, d_out) matrices; ``divisor``
+    replaces sqrt(d_out); ``axis`` is the softmax's. A query (or, for another axis, a slice)
+    allowed nothing gets zeros."""
     Q, K, V = x @ W["W_query"], x @ W["W_key"], x @ W["W_value"]
-    S = Q @ np.swapaxes(K, -1, -2) / (math.sqrt(K.shape[-1]) if scale else 1.0)
+    d = divisor if divisor is not None else math.sqrt(K.shape[-1])
+    S = Q @ np.swapaxes(K, -1, -2) / (d if scale else 1.0)
     if after:
         return (_softmax(S) * allowed) @ V
-    return _softmax(np.where(allowed, S, -np.inf)) @ V
+    return _softmax(np.where(allowed, S, -np.inf), axis=axis) @ V
+
+
+def _nan_as_zero(got: np.ndarray) -> np.ndarray:
+    """PyTorch turns a softmax over nothing but -inf into NaN where the references give 0."""
+    return np.where(np.isnan(got), 0.0, got)
+
+
+def _scaling_candidates(ref_fn, d_in: int, d_k: int, d_v: int, what: str = "d_k"):
+    """(hint, value) pairs for the scaling mistakes; ``ref_fn(divisor=...)`` -> outputs."""
+    out = []
+    if d_in != d_k:
+        out.append((f"you scaled by sqrt(d_in) = sqrt({d_in}); the scores are dot products of "
+                    f"{d_k}-dimensional queries and keys: divide by sqrt({what}) = "
+                    f"sqrt({d_k})", ref_fn(divisor=math.sqrt(d_in))))
+    if d_v != d_k:
+        out.append((f"you scaled by sqrt(d_v) = sqrt({d_v}); scale by the query/key size: "
+                    f"sqrt({what}) = sqrt({d_k})", ref_fn(divisor=math.sqrt(d_v))))
+    if d_k != 1:
+        out.append((f"you divided by {what} = {d_k}; divide by its square root, "
+                    f"sqrt({what})", ref_fn(divisor=float(d_k))))
+    return out
 
 
 def _mask_hint(mask: np.ndarray, n: int, window: int) -> None:
@@ -109,7 +135,9 @@ def check_sliding_window_attention(SlidingWindowAttention):
     for case, (d_in, d_out, n, window, B, T) in enumerate(cases):
         torch.manual_seed(310 + case)
         module = _call(SlidingWindowAttention, d_in, d_out, n, window,
-                       name="SlidingWindowAttention")
+                       name="SlidingWindowAttention",
+                       on_error=f"building it with d_in = {d_in}, d_out = {d_out}, "
+                                f"context_length = {n}, window = {window}")
         if not isinstance(module, nn.Module):
             raise _Wrong(f"SlidingWindowAttention(...) should build an nn.Module; got "
                          f"{type(module).__name__}: subclass nn.Module and call "
@@ -124,7 +152,9 @@ def check_sliding_window_attention(SlidingWindowAttention):
         x = torch.randn(B, T, d_in, generator=torch.Generator().manual_seed(320 + case))
         try:
             with torch.no_grad():
-                out = _call(module, x.clone(), name="forward")
+                out = _call(module, x.clone(), name="forward",
+                            on_error=f"on x of shape {(B, T, d_in)}, context_length = {n}, "
+                                     f"window = {window}")
         except _Wrong as e:
             _buffer_hint(module, n, window)
             if T < n:
@@ -146,7 +176,16 @@ def check_sliding_window_attention(SlidingWindowAttention):
         for b in range(B):
             _row_order_hint(got[b], ref[b])
         causal = np.tril(np.ones((T, T), dtype=bool))
-        _diagnose(got, [
+        hidden_somewhere = np.broadcast_to(~allowed.all(axis=-1), got.shape[:-1])
+        if np.isnan(got).any() and np.array_equal(np.isnan(got).any(axis=-1), hidden_somewhere):
+            raise _Wrong("the output is nan on exactly the queries that have a hidden key: the "
+                         "softmax ran over a dim in which a hidden score is -inf everywhere, "
+                         "such as the batch (dim=0); each query's weights must sum to 1 over "
+                         "the keys: torch.softmax(scores, dim=-1)")
+        _diagnose(_nan_as_zero(got), [
+            ("masked_fill hides the keys the buffer ALLOWS: the buffer says True = may attend, "
+             "so fill where it is False, scores.masked_fill(~self.mask[:T, :T], -inf)",
+             _window_outputs(x64, W, ~allowed)),
             ("forward ignores the window: it matches plain causal attention; apply the buffer "
              "you built, self.mask[:T, :T]", _window_outputs(x64, W, causal)
              if window < T else None),
@@ -154,8 +193,13 @@ def check_sliding_window_attention(SlidingWindowAttention):
              _window_outputs(x64, W, np.ones((T, T), dtype=bool))),
             ("off by one in forward: query i should see exactly `window` keys",
              _window_outputs(x64, W, _band(T, window + 1)) if window < T else None),
+            ("softmax over the wrong dim: the scores are (B, T_query, T_key) and each query's "
+             "weights must sum to 1 over the keys: torch.softmax(scores, dim=-1)",
+             _window_outputs(x64, W, allowed, axis=-2) if T > 1 else None),
             ("forgot the scaling: divide the scores by sqrt(d_out)",
              _window_outputs(x64, W, allowed, scale=False)),
+            *_scaling_candidates(functools.partial(_window_outputs, x64, W, allowed),
+                                 d_in, d_out, d_out, what="d_out"),
             ("mask applied after the softmax without renormalising: set the hidden scores to "
              "-inf before the softmax", _window_outputs(x64, W, allowed, after=True)),
         ], atol=1e-5)
@@ -166,86 +210,71 @@ def check_sliding_window_attention(SlidingWindowAttention):
 
 
 # --------------------------------------------------------------------------------------------
-# 3.2 Attention dropout
+# 3.2 Predict, then measure: how many queries does attention dropout leave with nothing?
 # --------------------------------------------------------------------------------------------
+_EMPTY_CASES = ((6, 0.5), (10, 0.1), (3, 0.8), (1, 0.3), (8, 0.6))  # (T, p)
+
+
+def _empty_rows_candidates(T: int, p: float) -> list[tuple[str, float]]:
+    """(hint, value) for the typical wrong derivations; the right one is sum_i p^(i+1)."""
+    i = np.arange(T)
+    return [
+        ("off by one: query i (0-based) has i + 1 keys, itself included, so its row empties "
+         "with probability p^(i + 1); yours gives query 0 probability 1 (p^0)",
+         float(np.sum(p ** i))),
+        ("off by one: query i (0-based) has i + 1 keys, so its row empties with probability "
+         "p^(i + 1); yours uses one key too many (p^(i + 2))", float(np.sum(p ** (i + 2)))),
+        ("you counted T keys for every query: that is attention without a mask; with the causal "
+         "mask query i has only i + 1 keys, so its row empties with probability p^(i + 1)",
+         float(T * p ** T)),
+        ("(1 - p) is the probability that a weight is KEPT; a row is empty when all its i + 1 "
+         "weights are dropped, probability p^(i + 1)", float(np.sum((1 - p) ** (i + 1)))),
+        ("that is the probability that EVERY row is empty at once; the expected NUMBER of empty "
+         "rows adds up each row's probability p^(i + 1) (linearity of expectation)",
+         float(p ** (T * (T + 1) / 2))),
+        ("that is the probability that at least one row is empty; the expected NUMBER of empty "
+         "rows adds up each row's probability p^(i + 1) (linearity of expectation)",
+         float(1 - np.prod(1 - p ** (i + 1)))),
+        ("a row is empty only when ALL of its keys are dropped, not when one is: query i's row "
+         "empties with probability p^(i + 1), not p", float(T * p)),
+        ("that is the expected FRACTION of empty rows; the task asks for the number (multiply "
+         "by T)", float(np.sum(p ** (i + 1)) / T)),
+        ("that counts only the last query (p^T); every query can lose all its keys: add "
+         "p^(i + 1) over i = 0 .. T - 1", float(p ** T)),
+    ]
+
+
 @_checker
-def check_attention_dropout(attention_dropout):
-    """Exercise 3.2: ``attention_dropout(weights, p, rng)`` -> each weight zeroed independently
-    with probability ``p`` (drawn from the NumPy Generator ``rng``) and the survivors divided by
-    ``1 - p``, so the expected value of every weight is unchanged. ``weights`` is left unchanged."""
-    rng = _rng(301)
-    W2 = _softmax(rng.normal(size=(64, 64)))
-    W3 = _softmax(rng.normal(size=(8, 24, 24)))  # a batch: masks must differ between sequences
-
-    def run(W, p, seed):
-        w_in = W.copy()
-        got = _numbers(_call(attention_dropout, w_in, p, np.random.default_rng(seed),
-                             name="attention_dropout"), "the dropped-out weights")
-        _shape(got, W.shape, "the dropped-out weights", "(the same shape as weights)")
-        if not np.array_equal(w_in, W):
-            raise _Wrong("your function changed `weights` in place: return a new array")
-        return got
-
-    got0 = run(W2, 0.0, 1)
-    if not got0.any():
-        raise _Wrong("with p = 0 every weight was dropped: drop each weight with probability p "
-                     "(keep it with probability 1 - p)")
-    if not np.allclose(got0, W2):
-        raise _Wrong("with p = 0 nothing should be dropped or rescaled: every weight should come "
-                     "back unchanged")
-    for W, p in ((W2, 0.2), (W2, 0.5), (W3, 0.3)):
-        got = run(W, p, 2)
-        kept = got != 0
-        frac = 1.0 - kept.mean()
-        if frac == 0.0:
-            if np.allclose(got, W / (1 - p)):
-                raise _Wrong(f"with p = {p} nothing was dropped: you divided every weight by "
-                             "(1 - p) but never set any to 0; zero each one with probability p")
-            if np.allclose(got, W):
-                raise _Wrong(f"with p = {p} nothing changed: about {p:.0%} of the weights should "
-                             "be set to 0 (and the rest divided by 1 - p)")
-            raise _Wrong(f"with p = {p} no weight was set to 0: dropout zeroes each weight with "
-                         "probability p")
-        if not kept.any():
-            raise _Wrong(f"with p = {p} every weight was zeroed")
-        k_got, k_w = got[kept], W[kept]
-        if not np.allclose(k_got, k_w / (1 - p)):
-            if np.allclose(got.sum(axis=-1), 1.0) and not np.allclose(k_got, k_w):
-                raise _Wrong("don't renormalise the rows after dropout: divide the survivors by "
-                             "(1 - p) so each weight keeps its expected value")
-            for factor, hint in (
-                (1.0, "forgot to rescale: divide the kept weights by (1 - p) so the expected "
-                      "value stays the same"),
-                (1 / p, "divide the kept weights by (1 - p), not by p"),
-                (1 - p, "divide the kept weights by (1 - p); you multiplied by it"),
-                (p, "divide the kept weights by (1 - p); you multiplied by p"),
-            ):
-                if np.allclose(k_got, k_w * factor):
-                    raise _Wrong(hint)
-            raise _Wrong(f"every kept weight should be weight / (1 - p); with p = {p} the kept "
-                         f"values differ by up to {_maxdiff(k_got, k_w / (1 - p))}")
-        if abs(frac - (1 - p)) < 0.05 and abs(frac - p) > 0.05:
-            raise _Wrong(f"you dropped {frac:.0%} of the weights with p = {p}: drop each weight "
-                         "with probability p (keep it with probability 1 - p)")
-        if abs(frac - p) > 0.05:
-            raise _Wrong(f"you dropped {frac:.0%} of the weights; with p = {p} about {p:.0%} "
-                         "should be zeroed (each one independently)")
-        flat = kept.reshape(-1, *W.shape[-2:])
-        if all(np.all(m == m[:, :1]) for m in flat):
-            raise _Wrong("you drop whole rows (one random number per query): draw one per "
-                         "weight, rng.random(weights.shape)")
-        if all(np.all(m == m[:1, :]) for m in flat):
-            raise _Wrong("you drop whole columns (the same keys for every query): draw one "
-                         "random number per weight, rng.random(weights.shape)")
-        if W.ndim == 3 and all(np.array_equal(m, flat[0]) for m in flat):
-            raise _Wrong("every sequence of the batch got the same dropout pattern: draw "
-                         "rng.random(weights.shape), not rng.random(weights.shape[-2:])")
-        if not np.array_equal(run(W, p, 2), got):
-            raise _Wrong("the same seed gave a different result: draw the random numbers from "
-                         "the rng you are given (rng.random(weights.shape)), not np.random")
-        if np.array_equal(run(W, p, 3) != 0, kept):
-            raise _Wrong("a different rng gave the same mask: draw the mask from rng")
-    return "survivors are scaled by 1/(1 - p), so the expected weights are unchanged."
+def check_expected_empty_rows(expected_empty_rows):
+    """Exercise 3.2: ``expected_empty_rows(T, p)`` -> the expected number of queries (rows) of a
+    ``(T, T)`` causal attention matrix whose every weight attention dropout (probability ``p``)
+    sets to 0: ``sum_{i=0}^{T-1} p^(i+1)``."""
+    got, want = [], []
+    for T, p in _EMPTY_CASES:
+        value = _scalar(_call(expected_empty_rows, T, p, name="expected_empty_rows",
+                              on_error=f"called with T = {T}, p = {p}"),
+                        f"expected_empty_rows({T}, {p})")
+        got.append(value)
+        want.append(float(np.sum(p ** (np.arange(T) + 1))))
+    got_a, want_a = np.array(got), np.array(want)
+    if np.allclose(got_a, want_a, rtol=1e-6, atol=1e-9):
+        return ("query i keeps nothing with probability p^(i + 1), so the early queries, "
+                "with few keys, are the ones that lose everything.")
+    columns = list(zip(*(_empty_rows_candidates(T, p) for T, p in _EMPTY_CASES), strict=True))
+    for column in columns:
+        hint = column[0][0]
+        values = np.array([v for _, v in column])
+        if np.allclose(got_a, values, rtol=1e-6, atol=1e-9):
+            raise _Wrong(hint)
+    if np.all(np.abs(got_a - want_a) <= 0.02 + 0.03 * want_a):
+        raise _Wrong("close, but not exact: did you simulate it? Derive the exact value "
+                     "(one probability per query, added up) and return that")
+    k = int(np.argmax(~np.isclose(got_a, want_a, rtol=1e-6, atol=1e-9)))
+    T, p = _EMPTY_CASES[k]
+    direction = "too large" if got_a[k] > want_a[k] else "too small"
+    raise _Wrong(f"for T = {T}, p = {p} you return {got_a[k]:.4f}, {direction}: for each query "
+                 "i, work out the probability that all the keys it may see are dropped, then "
+                 "add these up over the T queries")
 
 
 # --------------------------------------------------------------------------------------------
@@ -259,10 +288,14 @@ def _leaky_causal_attention(Q, K, V):
     return _softmax(np.where(future, -np.inf, scores)) @ V
 
 
-def _causal_reference(Q, K, V, scale=True, after=False, axis=-1, mult=False):
+def _causal_reference(Q, K, V, scale=True, after=False, axis=-1, mult=False, allowed=None,
+                      divisor=None):
+    """Reference outputs; ``allowed`` replaces the causal triangle (a query allowed nothing
+    gets a zero output), ``divisor`` replaces sqrt(d_k)."""
     T, d_k = Q.shape
-    scores = Q @ K.T / (np.sqrt(d_k) if scale else 1.0)
-    tri = np.tril(np.ones((T, T), dtype=bool))
+    d = divisor if divisor is not None else np.sqrt(d_k)
+    scores = Q @ K.T / (d if scale else 1.0)
+    tri = np.tril(np.ones((T, T), dtype=bool)) if allowed is None else allowed
     if mult:
         return _softmax(scores * tri) @ V
     if after:
@@ -273,27 +306,38 @@ def _causal_reference(Q, K, V, scale=True, after=False, axis=-1, mult=False):
 @_checker
 def check_causal_bug_fix(causal_attention):
     """Exercise 3.3: ``causal_attention(Q, K, V)`` -> ``(T, d_v)`` outputs where query i uses keys
-    j <= i only. Q, K: NumPy ``(T, d_k)``; V: ``(T, d_v)``."""
+    j <= i only. Q, K: NumPy ``(T, d_k)``; V: ``(T, d_v)``; Q, K and V are left unchanged."""
     rng = _rng(302)
     for T, d_k, d_v in ((5, 4, 3), (6, 2, 2), (7, 3, 3), (1, 3, 2)):
         Q, K, V = rng.normal(size=(T, d_k)), rng.normal(size=(T, d_k)), rng.normal(size=(T, d_v))
         ref = _causal_reference(Q, K, V)
         inputs = [a.copy() for a in (Q, K, V)]
-        got = _numbers(_call(causal_attention, *inputs, name="causal_attention", copy=False),
+        shapes = f"on Q, K of shape {(T, d_k)} and V of shape {(T, d_v)}"
+        got = _numbers(_call(causal_attention, *inputs, name="causal_attention", copy=False,
+                             on_error=shapes),
                        "the output")
-        if not all(np.array_equal(a, b) for a, b in zip(inputs, (Q, K, V), strict=True)):
-            raise _Wrong("your function changed Q, K or V in place: compute into new arrays")
+        changed = [n for n, a, b in zip("QKV", inputs, (Q, K, V), strict=True)
+                   if not np.array_equal(a, b)]
+        if changed:
+            raise _Wrong(f"your function changed {', '.join(changed)} in place (e.g. `Q /= ...` "
+                         "or `scores[...] = ...` on a view of an input): leave the inputs as "
+                         "they are and compute into new arrays")
         _shape(got, (T, d_v), "the output", "(T, d_v): one output per query")
         if _close(got, ref):
             continue
-        if np.isnan(got).any():
-            raise _Wrong("the output contains nan: is some query masked from every key? Query i "
-                         "must at least see itself (keep the diagonal)")
         _row_order_hint(got, ref)
-        _diagnose(got, [
+        i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+        _diagnose(_nan_as_zero(got), [
             ("still the original bug: the mask marks the past (j < i) as forbidden, so each "
              "token sees itself and the FUTURE; the future is j > i: np.triu(..., k=1)",
              _leaky_causal_attention(Q, K, V)),
+            ("the mask hides the diagonal too: np.triu(..., k=0) marks j >= i, so token i "
+             "cannot see itself (and token 0 sees nothing at all); the future starts one above "
+             "the diagonal: np.triu(..., k=1)", _causal_reference(Q, K, V, allowed=j < i)),
+            ("inverted mask: yours hides j <= i (the past and the token itself) and keeps the "
+             "future; np.tril(..., k=0) is the set a query MAY see, so keep it with "
+             "np.where(allowed, scores, -np.inf), or hide np.triu(..., k=1)",
+             _causal_reference(Q, K, V, allowed=j > i)),
             ("mask applied after softmax without renormalising: the rows no longer sum to 1; "
              "mask the scores with -inf before the softmax (or divide by the row sums again)",
              _causal_reference(Q, K, V, after=True)),
@@ -302,13 +346,21 @@ def check_causal_bug_fix(causal_attention):
              _causal_reference(Q, K, V, mult=True)),
             ("forgot the scaling: divide the scores by sqrt(d_k)",
              _causal_reference(Q, K, V, scale=False)),
+            *_scaling_candidates(functools.partial(_causal_reference, Q, K, V),
+                                 d_k, d_k, d_v),
             ("softmax over the wrong axis: each query's row must sum to 1 (axis=-1)",
              _causal_reference(Q, K, V, axis=0)),
         ])
+        if np.isnan(got).any():
+            rows = sorted({int(r) for r in np.nonzero(np.isnan(got))[0]})
+            raise _Wrong(f"the output of token(s) {rows} is nan: a row whose scores are all "
+                         "-inf gives 0/0 in the softmax. Query i must at least see itself "
+                         "(keep the diagonal): hide only j > i")
         K2, V2 = K.copy(), V.copy()
         K2[-1] += 5.0
         V2[-1] += 5.0
-        got2 = _numbers(_call(causal_attention, Q.copy(), K2, V2, name="causal_attention"),
+        got2 = _numbers(_call(causal_attention, Q.copy(), K2, V2, name="causal_attention",
+                              on_error=shapes),
                         "the output")
         leaked = [i for i in range(T - 1) if not np.allclose(got[i], got2[i])] if got2.shape == \
             got.shape else []

@@ -1,0 +1,228 @@
+"""The checker paths of notebook 03 added in its third edition (tests/test_exercises.py keeps the
+older ones): each typical wrong answer gets the hint for its mistake. The answers here are written
+independently of the checkers."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from shared import exercises as ex
+from shared.attention import softmax as course_softmax
+from shared.exercises import nb03
+
+
+def stub(*args, **kwargs):
+    # TODO: your code here
+    return None
+
+
+def np_softmax(x, axis=-1):  # the textbook formula, no guard: an all -inf row gives NaN
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+# 3.1 ------------------------------------------------------------------------------------------
+class Window(torch.nn.Module):
+    """A correct sliding-window module; subclasses change one thing."""
+
+    def __init__(self, d_in, d_out, context_length, window):
+        super().__init__()
+        self.W_query = torch.nn.Linear(d_in, d_out, bias=False)
+        self.W_key = torch.nn.Linear(d_in, d_out, bias=False)
+        self.W_value = torch.nn.Linear(d_in, d_out, bias=False)
+        i = torch.arange(context_length)
+        band = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - window)
+        self.register_buffer("mask", band)
+
+    def scores(self, x):
+        return self.W_query(x) @ self.W_key(x).transpose(1, 2) / self.W_key.out_features ** 0.5
+
+    def forward(self, x):
+        T = x.shape[1]
+        s = self.scores(x).masked_fill(~self.mask[:T, :T], float("-inf"))
+        return torch.softmax(s, dim=-1) @ self.W_value(x)
+
+
+class WindowFillWithoutTilde(Window):
+    def forward(self, x):
+        T = x.shape[1]
+        s = self.scores(x).masked_fill(self.mask[:T, :T], float("-inf"))
+        return torch.softmax(s, dim=-1) @ self.W_value(x)
+
+
+class WindowInvertedBufferAndFill(WindowFillWithoutTilde):  # two wrongs: the output is right
+    def __init__(self, d_in, d_out, context_length, window):
+        super().__init__(d_in, d_out, context_length, window)
+        self.mask = ~self.mask
+
+
+class WindowSoftmaxQueries(Window):
+    def forward(self, x):
+        T = x.shape[1]
+        s = self.scores(x).masked_fill(~self.mask[:T, :T], float("-inf"))
+        return torch.softmax(s, dim=1) @ self.W_value(x)
+
+
+class WindowSoftmaxBatch(Window):
+    def forward(self, x):
+        T = x.shape[1]
+        s = self.scores(x).masked_fill(~self.mask[:T, :T], float("-inf"))
+        return torch.softmax(s, dim=0) @ self.W_value(x)
+
+
+class WindowScaleDin(Window):
+    def scores(self, x):
+        return self.W_query(x) @ self.W_key(x).transpose(1, 2) / x.shape[-1] ** 0.5
+
+
+class WindowScaleNoRoot(Window):
+    def scores(self, x):
+        return self.W_query(x) @ self.W_key(x).transpose(1, 2) / self.W_key.out_features
+
+
+@pytest.mark.parametrize("answer,hint", [
+    (WindowFillWithoutTilde, "masked_fill hides the keys the buffer ALLOWS"),
+    (WindowInvertedBufferAndFill, "True must mean 'may attend'; your buffer marks the forbidden"),
+    (WindowSoftmaxQueries, "softmax over the wrong dim"),
+    (WindowSoftmaxBatch, "such as the batch (dim=0)"),
+    (WindowScaleDin, "you scaled by sqrt(d_in) = sqrt(3)"),
+    (WindowScaleNoRoot, "you divided by d_out = 2; divide by its square root"),
+])
+def test_sliding_window_hints(capsys, answer, hint):
+    assert ex.check_sliding_window_attention(Window).passed is True
+    result = ex.check_sliding_window_attention(answer)
+    out = capsys.readouterr().out
+    assert result.passed is False and hint in out, out
+
+
+# 3.2 ------------------------------------------------------------------------------------------
+def empty_rows_loop(T, p):
+    return sum(p ** (i + 1) for i in range(T))  # query i sees i + 1 keys
+
+
+def empty_rows_closed_form(T, p):
+    return torch.tensor(p * (1 - p ** T) / (1 - p))  # a geometric series, as a tensor
+
+
+def empty_rows_simulated(T, p):
+    rng = np.random.default_rng(0)
+    keep = rng.random((20_000, T, T)) >= p
+    allowed = np.tril(np.ones((T, T), dtype=bool))
+    return float(((keep & allowed).sum(-1) == 0).sum(-1).mean())
+
+
+WRONG_EMPTY_ROWS = [
+    (lambda T, p: sum(p ** i for i in range(T)), "yours gives query 0 probability 1"),
+    (lambda T, p: sum(p ** (i + 2) for i in range(T)), "one key too many"),
+    (lambda T, p: T * p ** T, "attention without a mask"),
+    (lambda T, p: sum((1 - p) ** (i + 1) for i in range(T)), "probability that a weight is KEPT"),
+    (lambda T, p: p ** (T * (T + 1) // 2), "probability that EVERY row is empty"),
+    (lambda T, p: 1 - math.prod(1 - p ** (i + 1) for i in range(T)), "at least one row is empty"),
+    (lambda T, p: T * p, "not when one is"),
+    (lambda T, p: empty_rows_loop(T, p) / T, "expected FRACTION"),
+    (lambda T, p: p ** T, "counts only the last query"),
+    (empty_rows_simulated, "did you simulate it?"),
+    (lambda T, p: empty_rows_loop(T, p) + 0.1, "too large"),
+    (lambda T, p: [empty_rows_loop(T, p)] * 2, "should be one number"),
+    (lambda T, p: f"{empty_rows_loop(T, p)}", "without quotes"),
+]
+
+
+@pytest.mark.parametrize("answer", [empty_rows_loop, empty_rows_closed_form])
+def test_expected_empty_rows_accepts(capsys, answer):
+    assert ex.check_expected_empty_rows(answer).passed is True
+    assert capsys.readouterr().out.startswith("correct!")
+
+
+def test_expected_empty_rows_stub(capsys):
+    assert ex.check_expected_empty_rows(stub).passed is None
+    assert capsys.readouterr().out.startswith("not attempted yet")
+
+
+@pytest.mark.parametrize("answer,hint", WRONG_EMPTY_ROWS, ids=[h for _, h in WRONG_EMPTY_ROWS])
+def test_expected_empty_rows_hints(capsys, answer, hint):
+    result = ex.check_expected_empty_rows(answer)
+    out = capsys.readouterr().out
+    assert result.passed is False and hint in out, out
+
+
+def test_expected_empty_rows_mistakes_are_told_apart_on_the_hidden_cases():
+    right = [empty_rows_loop(T, p) for T, p in nb03._EMPTY_CASES]
+    columns = list(zip(*(nb03._empty_rows_candidates(T, p) for T, p in nb03._EMPTY_CASES),
+                       strict=True))
+    values = [np.array([v for _, v in column]) for column in columns]
+    for a, va in enumerate(values):
+        assert not np.allclose(va, right, rtol=1e-6, atol=1e-9)
+        for vb in values[a + 1:]:
+            assert not np.allclose(va, vb, rtol=1e-6, atol=1e-9)
+
+
+def test_expected_empty_rows_matches_a_measurement():  # the formula against nn.Dropout itself
+    torch.manual_seed(0)
+    T, p, n = 6, 0.5, 40_000
+    weights = torch.softmax(torch.randn(T, T).masked_fill(
+        ~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf")), dim=-1)
+    dropped = torch.nn.functional.dropout(weights.expand(n, T, T), p=p, training=True)
+    measured = (dropped == 0).all(dim=-1).sum(dim=-1).double().mean().item()
+    assert abs(measured - empty_rows_loop(T, p)) < 0.03  # sd of the mean is about 0.004
+
+
+# 3.3 ------------------------------------------------------------------------------------------
+def causal_hiding(hidden, softmax=course_softmax, scale=None):
+    def causal_attention(Q, K, V):
+        T, d_k = Q.shape
+        i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+        scores = Q @ K.T / (np.sqrt(d_k) if scale is None else scale(Q, V))
+        return softmax(np.where(hidden(i, j), -np.inf, scores), axis=-1) @ V
+    return causal_attention
+
+
+def causal_changes_K(Q, K, V):
+    K *= 1.0  # harmless value, but an in-place write all the same
+    K[0, 0] += 0.0
+    K -= K.mean()
+    return causal_hiding(lambda i, j: j > i)(Q, K, V)
+
+
+@pytest.mark.parametrize("answer,hint", [
+    (causal_hiding(lambda i, j: j > i), "correct!"),
+    (causal_hiding(lambda i, j: j >= i), "np.triu(..., k=0) marks j >= i"),  # triu(k=0)
+    (causal_hiding(lambda i, j: j >= i, softmax=np_softmax), "np.triu(..., k=0) marks j >= i"),
+    (causal_hiding(lambda i, j: j <= i), "inverted mask"),  # tril(k=0) used as the hidden set
+    (causal_hiding(lambda i, j: j <= i, softmax=np_softmax), "inverted mask"),
+    (causal_hiding(lambda i, j: j > i, scale=lambda Q, V: np.sqrt(V.shape[1])),
+     "you scaled by sqrt(d_v) = sqrt(3)"),
+    (causal_hiding(lambda i, j: j > i, scale=lambda Q, V: Q.shape[1]),
+     "you divided by d_k = 4; divide by its square root"),
+    (causal_hiding(lambda i, j: j >= i, softmax=np_softmax, scale=lambda Q, V: 1.0),
+     "Query i must at least see itself (keep the diagonal)"),  # two mistakes: the NaN one is told
+    (causal_changes_K, "changed K in place"),
+])
+def test_causal_bug_fix_hints(capsys, answer, hint):
+    result = ex.check_causal_bug_fix(answer)
+    out = capsys.readouterr().out
+    assert hint in out, out
+    assert result.passed is (hint == "correct!")
+
+
+def test_an_exception_names_the_input_that_caused_it(capsys):
+    ex.check_expected_empty_rows(lambda T, p: 1 / (T - 1))
+    assert "called with T = 1, p = 0.3" in capsys.readouterr().out
+
+    def broken_forward(d_in, d_out, context_length, window):
+        module = Window(d_in, d_out, context_length, window)
+        module.forward = lambda x: x @ torch.ones(5, 5)
+        return module
+
+    ex.check_sliding_window_attention(broken_forward)
+    assert "on x of shape (2, 6, 3), context_length = 8, window = 3" in capsys.readouterr().out
+
+    def causal_needs_square(Q, K, V):
+        return np.linalg.inv(V) @ V
+
+    ex.check_causal_bug_fix(causal_needs_square)
+    assert "on Q, K of shape (5, 4) and V of shape (5, 3)" in capsys.readouterr().out

@@ -147,7 +147,7 @@ def test_every_figure_is_there_as_a_png_with_its_alt_text(built):
         images = [a for t, a in parse(page).tags
                   if t == "img" and "_images/" in a.get("src", "")]
         assert len(images) == len(alts), f"{nb.name}: one <img> per stored figure"
-        for img, alt in zip(images, alts):
+        for img, alt in zip(images, alts, strict=True):
             assert (page.parent / img["src"]).resolve().read_bytes()[:8] == PNG_MAGIC
             assert alt and alt in img.get("alt", ""), f"{nb.name}: alt text {img.get('alt')!r}"
 

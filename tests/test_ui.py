@@ -242,6 +242,8 @@ def start_browser(tmp: Path):
         "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync",
         "--disable-dev-shm-usage", "--window-size=1400,1000", f"--user-data-dir={tmp}",
+        # no network but this machine: what renders here renders for a reader offline
+        "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
     ]:
         options.add_argument(flag)
     service = Service(executable_path=str(CHROMEDRIVER), log_output=str(tmp / "chromedriver.log"))
@@ -633,3 +635,78 @@ def test_nothing_was_saved(session):
              if ".ipynb_checkpoints" not in p.parts}
     assert after == before
 
+
+
+# --------------------------------------------------------------------------------------------
+# The book site (make html), read in the same browser with the network blocked
+# --------------------------------------------------------------------------------------------
+SITE_PYTHON = ROOT / ".venv-site" / "bin" / "python"
+
+SITE_PAGE_JS = """
+const main = document.querySelector('main') || document.body;
+const imgs = [...main.querySelectorAll('img')].filter(i => i.src.includes('/_images/'));
+return {
+  math: main.querySelectorAll('mjx-container').length,
+  math_errors: main.querySelectorAll('mjx-merror').length,
+  widths: imgs.map(i => i.complete ? i.naturalWidth : 0),
+  alts: imgs.map(i => i.alt),
+  colab: [...document.querySelectorAll('a[href*="colab.research.google.com/github/"]')].length,
+  binder: [...document.querySelectorAll('a[href*="mybinder.org/v2/gh/"]')].length,
+  download: [...document.querySelectorAll('a[href$=".ipynb"]')].map(a => a.href),
+};
+"""
+
+
+@pytest.fixture(scope="module")
+def served_site(tmp_path_factory, browser_available):
+    """The site, built from the course as it is, served from 127.0.0.1 on a free port."""
+    import functools
+    import http.server
+    import threading
+
+    if not SITE_PYTHON.exists():
+        pytest.fail("the site's environment is missing: `make test` creates it (`make site-venv`)")
+    out = tmp_path_factory.mktemp("book") / "site"
+    done = subprocess.run([str(SITE_PYTHON), "-m", "tools.site", "--out", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(out))
+    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+
+
+def test_the_site_searches_typesets_and_shows_figures_offline(session, served_site):
+    """Search for "softmax" finds notebook 01; its page typesets its math with the site's own
+    MathJax and decodes every figure, each with its alt text; launch and download links are there."""
+    _, driver, _ = session
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    driver.get(f"{served_site}/search.html?q=softmax")
+
+    def results(d):
+        hrefs = d.execute_script(
+            "return [...document.querySelectorAll('#search-results li a')].map(a => a.href);")
+        return hrefs if any("01_simplified_self_attention" in h for h in hrefs) else None
+
+    wait_for(driver, results, 30, 'search results for "softmax" listing notebook 01')
+    driver.save_screenshot(str(SCREENSHOTS / "site-search.png"))
+
+    first = NOTEBOOKS[0]
+    driver.get(f"{served_site}/notebooks/{first.stem}.html")
+    images = stored_pngs(first)
+
+    def page(d):
+        r = d.execute_script(SITE_PAGE_JS)
+        ok = r["math"] > 0 and len(r["widths"]) == images and all(w > 0 for w in r["widths"])
+        return r if ok else None
+
+    r = wait_for(driver, page, 30, f"{first.name} on the site: typeset math and {images} figures")
+    driver.save_screenshot(str(SCREENSHOTS / "site-01.png"))
+    assert r["math_errors"] == 0
+    assert all(len(a.split()) >= 5 for a in r["alts"]), r["alts"]
+    assert r["colab"] and r["binder"], "no launch buttons"
+    assert any(h.endswith(f"_sources/notebooks/{first.name}") for h in r["download"]), r["download"]

@@ -186,7 +186,7 @@ def title_of(path: Path) -> str:
 
 
 def stage(book: Path, notebooks: list[Path], notebooks_dir: Path = NOTEBOOKS) -> None:
-    """Write the whole book source (notebooks, intro page, config, table of contents) to ``book``."""
+    """Write the book's source (notebooks, intro page, config, table of contents) to ``book``."""
     cfg = course.config()
     for nb in notebooks:
         stage_notebook(nb, book / nb.relative_to(notebooks_dir.parent), notebooks_dir)
@@ -207,13 +207,15 @@ def build(out: Path, notebooks: list[Path] | None = None,
         raise ValueError(f"no notebooks found under {notebooks_dir}")
     if out.exists():
         if not (out / MARKER).exists():
-            raise FileExistsError(f"{out} exists and was not built by tools/site.py; not replacing it")
+            raise FileExistsError(f"{out} exists and was not built by tools/site.py; "
+                                  "not replacing it")
         shutil.rmtree(out)
     jupyter_book = Path(sys.executable).parent / "jupyter-book"
     if not jupyter_book.exists():
         jupyter_book = SITE_VENV / "bin" / "jupyter-book"
     if not jupyter_book.exists():
-        raise FileNotFoundError("Jupyter Book is not installed: run `make site-venv` (or `make html`)")
+        raise FileNotFoundError("Jupyter Book is not installed: run `make site-venv` "
+                                "(or `make html`)")
     with tempfile.TemporaryDirectory(prefix="book-") as tmp:
         book = Path(tmp) / "book"
         stage(book, notebooks, notebooks_dir)

@@ -327,6 +327,8 @@ def plot_context_vectors(X, Z, tokens=None, ax=None, title: str = "Context vecto
         raise ValueError(f"X must be (T, d) with T >= 3 and d >= 2; got shape {X.shape}")
     if Z.shape != X.shape:
         raise ValueError(f"Z must have the shape of X {X.shape}; got {Z.shape}")
+    if tokens is not None and len(tokens) != X.shape[0]:
+        raise ValueError(f"tokens has {len(tokens)} labels but X has {X.shape[0]} rows")
     labels = _check_tokens("tokens", tokens, X.shape[0], "rows (tokens)")
     centre = X.mean(axis=0)
     _, _, Vt = np.linalg.svd(X - centre, full_matrices=False)

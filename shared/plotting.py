@@ -4,9 +4,10 @@ Conventions: queries run down the rows, keys across the columns; masked cells (w
 mask is False, i.e. "may not attend") are drawn as grey hatching, distinct from a small weight.
 Both functions accept NumPy arrays or PyTorch tensors (moved to the CPU and detached).
 
-Two explanatory diagrams for notebook 01 live here too, so the notebook shows one call instead of
-fifty lines of box drawing: ``plot_bottleneck`` (encoder-decoder RNN vs attention) and
-``plot_word_links`` (which words a query word should look at).
+Three pictures for notebook 01 live here too, so the notebook shows one call instead of
+fifty lines of box drawing: ``plot_bottleneck`` (encoder-decoder RNN vs attention),
+``plot_word_links`` (which words a query word should look at) and ``plot_context_vectors``
+(context vectors inside the convex hull of the inputs).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import seaborn as sns
 
-__all__ = ["plot_attention", "plot_heads", "plot_bottleneck", "plot_word_links"]
+__all__ = ["plot_attention", "plot_heads", "plot_bottleneck", "plot_word_links",
+           "plot_context_vectors"]
 
 MASKED_COLOR = "#d9d9d9"
 
@@ -290,4 +292,73 @@ def plot_word_links(words, query: int, strong: int, weak: int | None = None,
     ax.set_ylim(-0.4, 1.4)
     ax.axis("off")
     ax.set_title(title)
+    return ax
+
+
+def _convex_hull(points: np.ndarray) -> np.ndarray:
+    """Vertices of the 2-D convex hull of ``points`` (n, 2), counter-clockwise (Andrew's
+    monotone chain)."""
+    pts = sorted(map(tuple, points))
+
+    def cross(o, a, b) -> float:
+        return (a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0])
+
+    lower: list = []
+    upper: list = []
+    for chain, seq in ((lower, pts), (upper, reversed(pts))):
+        for p in seq:
+            while len(chain) >= 2 and cross(chain[-2], chain[-1], p) <= 0:
+                chain.pop()
+            chain.append(p)
+    return np.array(lower[:-1] + upper[:-1])
+
+
+def plot_context_vectors(X, Z, tokens=None, ax=None, title: str = "Context vectors"):
+    """Draw the inputs, their convex hull and centroid, and an arrow from each input ``x_i`` to
+    its context vector ``z_i``, all projected onto the inputs' first two principal directions
+    (a linear map, so a weighted average of the inputs stays one: points inside the hull stay
+    inside). Returns the ``Axes``.
+
+    Shapes: ``X``: ``(T, d)`` inputs with ``T >= 3`` and ``d >= 2``; ``Z``: ``(T, d)`` context
+    vectors; ``tokens``: ``T`` labels (default ``0 .. T-1``).
+    """
+    X, Z = _to_numpy("X", X), _to_numpy("Z", Z)
+    if X.ndim != 2 or X.shape[0] < 3 or X.shape[1] < 2:
+        raise ValueError(f"X must be (T, d) with T >= 3 and d >= 2; got shape {X.shape}")
+    if Z.shape != X.shape:
+        raise ValueError(f"Z must have the shape of X {X.shape}; got {Z.shape}")
+    if tokens is not None and len(tokens) != X.shape[0]:
+        raise ValueError(f"tokens has {len(tokens)} labels but X has {X.shape[0]} rows")
+    labels = _check_tokens("tokens", tokens, X.shape[0], "rows (tokens)")
+    centre = X.mean(axis=0)
+    _, _, Vt = np.linalg.svd(X - centre, full_matrices=False)
+    P = Vt[:2] * np.sign(Vt[:2, [0]] + (Vt[:2, [0]] == 0))  # a fixed sign: first entry >= 0
+    x2, z2 = (X - centre) @ P.T, (Z - centre) @ P.T
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5.5, 4.5))
+    hull = _convex_hull(x2)
+    ax.fill(hull[:, 0], hull[:, 1], color="#e8e8e8", edgecolor="#9a9a9a", lw=1,
+            label="convex hull of the inputs")
+    for (x0, y0), (x1, y1) in zip(x2, z2, strict=True):
+        ax.annotate("", xy=(x1, y1), xytext=(x0, y0),
+                    arrowprops={"arrowstyle": "->", "lw": 0.8, "color": "#9a9a9a"})
+    ax.scatter(x2[:, 0], x2[:, 1], color="black", s=25, zorder=3, label="inputs $x^{(i)}$")
+    ax.scatter(z2[:, 0], z2[:, 1], color="#d95f02", s=25, zorder=4,
+               label="context vectors $z^{(i)}$")
+    ax.scatter([0], [0], marker="x", color="#1b9e77", s=60, zorder=5, label="centroid")
+    # labels point away from the centroid; a point close to an earlier one gets its label turned
+    # a quarter turn, so near-identical tokens stay readable
+    near = 0.06 * float(np.ptp(x2, axis=0).max() or 1.0)
+    for i, ((x0, y0), label) in enumerate(zip(x2, labels, strict=True)):
+        u = np.array([x0, y0]) / (np.hypot(x0, y0) or 1.0)
+        if any(np.hypot(*(x2[i] - x2[k])) < near for k in range(i)):
+            u = np.array([u[1], -u[0]])
+        ax.annotate(label, (x0, y0), textcoords="offset points", xytext=tuple(9 * u), fontsize=9,
+                    ha="left" if u[0] >= -0.3 else "right", va="bottom" if u[1] >= -0.3 else "top")
+    ax.margins(0.15)
+    ax.set_aspect("equal", adjustable="datalim")
+    ax.set_xlabel("principal direction 1")
+    ax.set_ylabel("principal direction 2")
+    ax.set_title(title)
+    ax.legend(fontsize=8, loc="best")
     return ax

@@ -177,44 +177,98 @@ DESIGN_NOT_UNIFORM = [[1.0, 0.0], [2.0, 0.0], [1.0, 1.0]]
 DESIGN_QUERY1 = [[1.0, 0.0], [2.0, 1.0], [0.0, 5.0]]
 
 
-def fixed_loop(X):
-    context = np.zeros_like(X)
+def cosine_in_place(X):  # normalises the learner's X itself
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    return np_softmax(X @ X.T)
+
+
+def cosine_softmax_axis0(X):
+    n = np.linalg.norm(X, axis=1, keepdims=True)
+    return np_softmax((X @ X.T) / (n * n.T), axis=0)
+
+
+def cosine_raises(X):
+    return X @ X  # (T, d) @ (T, d): a shape error for T != d
+
+
+DESIGN_BARELY = [[1.0, 0.0], [1.01, 0.0], [0.0, 0.0]]  # prefers key 1, by 0.004 < 0.01
+DESIGN_QUERY1_BARELY = [[1.0, 0.0], [2.0, 1.0], [0.0, 4.98]]  # x1.x1 = 5 vs x1.x2 = 4.98
+
+
+# Exercise 1.5: softmax lines without keepdims=True. References: PyTorch's softmax, and a loop.
+def attention_ok(X):
+    Xt = torch.from_numpy(X)
+    return torch.softmax(Xt @ Xt.T, dim=-1) @ Xt
+
+
+def attention_loop(X):
+    Z = np.zeros_like(X)
     for i in range(X.shape[0]):
-        scores = X @ X[i]
-        weights = np_softmax(scores)
-        context[i] = weights @ X
-    return context
+        s = X @ X[i]
+        e = np.exp(s - s.max())
+        Z[i] = (e / e.sum()) @ X
+    return Z
 
 
-def context_torch_float32(X):
+def attention_float32(X):
     Xt = torch.from_numpy(X).float()
     return torch.softmax(Xt @ Xt.T, dim=-1) @ Xt
 
 
-def buggy_loop(X):
-    context = np.zeros_like(X)
-    for i in range(X.shape[0]):
-        scores = X @ X[i]
-        weights = np_softmax(scores)  # noqa: F841 - the bug: computed, then not used
-        context[i] = scores @ X
-    return context
+def buggy_attention(X):  # as shipped in the exercise
+    scores = X @ X.T
+    shifted = scores - scores.max(axis=-1)
+    e = np.exp(shifted)
+    weights = e / e.sum(axis=-1)
+    return weights @ X
 
 
-def context_axis0(X):
-    return np_softmax(X @ X.T, axis=0) @ X
+def attention_shift_fixed_only(X):
+    scores = X @ X.T
+    e = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    return (e / e.sum(axis=-1)) @ X
 
 
-def context_weights_only(X):
+def attention_division_fixed_only(X):
+    scores = X @ X.T
+    e = np.exp(scores - scores.max(axis=-1))
+    return (e / e.sum(axis=-1, keepdims=True)) @ X
+
+
+def attention_weights_transposed(X):
+    return np_softmax(X @ X.T).T @ X
+
+
+def attention_global_max(X):
+    scores = X @ X.T
+    e = np.exp(scores - scores.max())
+    return (e / e.sum(axis=-1, keepdims=True)) @ X
+
+
+def attention_no_shift(X):
+    e = np.exp(X @ X.T)
+    return (e / e.sum(axis=-1, keepdims=True)) @ X
+
+
+def attention_in_place(X):  # right numbers, but X itself is overwritten
+    X[:] = np_softmax(X @ X.T) @ X
+    return X
+
+
+def attention_returns_weights(X):
     return np_softmax(X @ X.T)
 
 
-def context_reversed_rows(X):
-    return fixed_loop(X)[::-1]
+def attention_scaled(X):
+    return np_softmax(X @ X.T / math.sqrt(X.shape[1])) @ X
 
 
-def context_in_place(X):
-    X[:] = np_softmax(X @ X.T) @ X
-    return X
+def attention_reversed_rows(X):
+    return attention_loop(X)[::-1]
+
+
+def attention_raises(X):
+    return np_softmax(X @ X) @ X
 
 
 # 02 ------------------------------------------------------------------------------------------
@@ -907,22 +961,35 @@ CASES = [
     (C.check_cosine_attention, (cosine_no_softmax,), False, "cosine similarities themselves"),
     (C.check_cosine_attention, (cosine_squared,), False, "squared lengths"),
     (C.check_cosine_attention, (cosine_returns_tuple,), False, "got tuple"),
+    (C.check_cosine_attention, (cosine_in_place,), False, "changed X in place"),
+    (C.check_cosine_attention, (cosine_softmax_axis0,), False, "softmax over the wrong axis"),
+    (C.check_cosine_attention, (cosine_raises,), False, "raised ValueError"),
+    (C.check_cosine_attention, (cosine_raises,), False, "on an X of shape (6, 3)"),
     (C.check_design_embeddings, (DESIGN_OK,), True, OK),
     (C.check_design_embeddings, (DESIGN_OK_NONZERO,), True, OK),
     (C.check_design_embeddings, (torch.tensor(DESIGN_OK),), True, OK),
     (C.check_design_embeddings, (None,), None, NA),
     (C.check_design_embeddings, (DESIGN_SELF,), False, "does not prefer key 1 over itself"),
+    (C.check_design_embeddings, (DESIGN_BARELY,), False, "does prefer key 1, but only by 0.0042"),
     (C.check_design_embeddings, (DESIGN_NOT_UNIFORM,), False, "query 2's weights"),
     (C.check_design_embeddings, (DESIGN_QUERY1,), False, "query 1 should attend most to itself"),
+    (C.check_design_embeddings, (DESIGN_QUERY1_BARELY,), False, "query 1 does attend most to itself, but only"),
     (C.check_design_embeddings, (DESIGN_OK.T,), False, "shape (3, 2)"),
-    (C.check_spot_the_bug, (fixed_loop,), True, OK),
-    (C.check_spot_the_bug, (context_torch_float32,), True, OK),
+    (C.check_spot_the_bug, (attention_ok,), True, OK),
+    (C.check_spot_the_bug, (attention_loop,), True, OK),
+    (C.check_spot_the_bug, (attention_float32,), True, OK),
     (C.check_spot_the_bug, (stub1,), None, NA),
-    (C.check_spot_the_bug, (buggy_loop,), False, "still the bug"),
-    (C.check_spot_the_bug, (context_axis0,), False, "wrong axis"),
-    (C.check_spot_the_bug, (context_weights_only,), False, "these are the attention weights"),
-    (C.check_spot_the_bug, (context_reversed_rows,), False, "wrong order"),
-    (C.check_spot_the_bug, (context_in_place,), False, "in place"),
+    (C.check_spot_the_bug, (buggy_attention,), False, "still the bug"),
+    (C.check_spot_the_bug, (attention_shift_fixed_only,), False, "the shift is fixed, but"),
+    (C.check_spot_the_bug, (attention_division_fixed_only,), False, "the shift still subtracts row j's maximum"),
+    (C.check_spot_the_bug, (attention_weights_transposed,), False, "wrong axis"),
+    (C.check_spot_the_bug, (attention_global_max,), False, "maximum of the whole score matrix"),
+    (C.check_spot_the_bug, (attention_no_shift,), False, "without the shift, exp overflows"),
+    (C.check_spot_the_bug, (attention_in_place,), False, "changed X in place"),
+    (C.check_spot_the_bug, (attention_returns_weights,), False, "the weights; return the context vectors"),
+    (C.check_spot_the_bug, (attention_scaled,), False, "does not scale"),
+    (C.check_spot_the_bug, (attention_reversed_rows,), False, "wrong order"),
+    (C.check_spot_the_bug, (attention_raises,), False, "on an X of shape (6, 3)"),
     # 02
     (C.check_attend_to_one, (ONE_W_Q, ONE_W_K), True, OK),
     (C.check_attend_to_one, (torch.tensor(ONE_W_Q, dtype=torch.float32), ONE_W_K.tolist()), True, OK),
@@ -1092,6 +1159,8 @@ def test_reference_solutions_agree_with_pytorch():
     w = np.array(PRED_W)
     assert np.allclose(w, torch.softmax(torch.tensor([1.0, 2.0, 2.0], dtype=torch.float64), -1))
     assert np.allclose(PRED_Z, w @ np.array([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]]))
+    X01 = rng.normal(size=(5, 3)) * np.array([[29.0], [0.1], [1.0], [3.0], [0.5]])
+    assert np.allclose(attention_loop(X01), attention_ok(X01).numpy())
     for k, d_model, base in ((3, 8, 10000.0), (-2, 6, 100.0)):
         assert np.allclose(shift_ok(k, d_model, base), shift_lstsq(k, d_model, base), atol=1e-6)
     torch.manual_seed(0)

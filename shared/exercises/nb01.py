@@ -199,7 +199,8 @@ def check_log_softmax(log_softmax):
     for kind, x in cases:
         ref = _log_softmax(x)  # from the checker's own array, before the learner's code runs
         x_in = x.copy()
-        got = _numbers(_call(log_softmax, x_in, name="log_softmax", copy=False), "the log-softmax")
+        got = _numbers(_call(log_softmax, x_in, name="log_softmax", copy=False,
+                             on_error=f"on an x of shape {x.shape}"), "the log-softmax")
         _shape(got, x.shape, "the log-softmax", "(the same shape as x)")
         if not np.array_equal(x_in, x):
             raise _Wrong("your function changed its input x in place (e.g. x -= ...): work on a "
@@ -272,7 +273,8 @@ def _cosine_weights(X: np.ndarray) -> np.ndarray:
 @_checker
 def check_cosine_attention(cosine_attention_weights):
     """Exercise 1.3: ``cosine_attention_weights(X)`` -> ``softmax(cos)`` row by row, ``(T, T)``,
-    where ``cos[i, j] = x_i . x_j / (|x_i| |x_j|)``. X: NumPy ``(T, d)``, no zero rows."""
+    where ``cos[i, j] = x_i . x_j / (|x_i| |x_j|)``. X: NumPy ``(T, d)``, no zero rows, left
+    unchanged (the learner's function gets the checker's array itself, so ``X /= ...`` shows)."""
     rng = _rng(103)
     lengths = np.array([[1.0], [100.0], [0.01], [7.0], [0.3]])
     cases = [rng.uniform(0.05, 1, (6, 3)), rng.normal(size=(4, 5)),
@@ -281,8 +283,8 @@ def check_cosine_attention(cosine_attention_weights):
         ref = _cosine_weights(X)
         T = X.shape[0]
         x_in = X.copy()
-        got = _numbers(_call(cosine_attention_weights, x_in, name="cosine_attention_weights"),
-                       "the weights")
+        got = _numbers(_call(cosine_attention_weights, x_in, name="cosine_attention_weights",
+                             copy=False, on_error=f"on an X of shape {X.shape}"), "the weights")
         if got.shape != (T, T) and got.ndim == 2 and got.shape[1] == X.shape[1]:
             raise _Wrong(f"return the weights (T, T) = {(T, T)}, not context vectors "
                          f"{got.shape}")
@@ -325,6 +327,10 @@ def check_cosine_attention(cosine_attention_weights):
 _MARGIN = 0.01
 
 
+def _by(margin: float) -> str:
+    return f"{margin:.4f}" if margin >= 5e-5 else "less than 0.0001"
+
+
 @_checker
 def check_design_embeddings(X):
     """Exercise 1.4: an ``X`` of shape ``(3, 2)`` such that in ``softmax(X X^T)`` query 0's
@@ -342,22 +348,33 @@ def check_design_embeddings(X):
     A = _softmax(S)
     names = ["x0", "x1", "x2"]
 
-    def second_best(i: int, j: int) -> tuple[int, float]:
+    def runner_up(i: int, j: int) -> tuple[int, float]:
+        """The strongest key other than j in row i, and how far key j is ahead of it."""
         others = [k for k in range(3) if k != j]
         k = max(others, key=lambda k: A[i, k])
         return k, A[i, j] - A[i, k]
 
-    k, margin = second_best(0, 1)
+    k, margin = runner_up(0, 1)
     if margin < _MARGIN:
+        if margin > 0:
+            raise _Wrong(f"query 0 does prefer key 1, but only by {_by(margin)} in weight over "
+                         f"key {k} ({A[0, 1]:.4f} against {A[0, k]:.4f}); it must win by at "
+                         f"least {_MARGIN}: push x0·x1 = {S[0, 1]:.4f} further above "
+                         f"x0·{names[k]} = {S[0, k]:.4f} (a longer x1 does it)")
         if k == 0:
             raise _Wrong(f"query 0 does not prefer key 1 over itself: x0·x0 = {S[0, 0]:.4f}, "
                          f"x0·x1 = {S[0, 1]:.4f}. A dot product grows with length: make x1 "
                          "point roughly the way x0 does, but longer")
         raise _Wrong(f"query 0's largest weight should be on key 1, but key {k} gets "
                      f"{A[0, k]:.4f} against {A[0, 1]:.4f} (x0·{names[k]} = {S[0, k]:.4f}, "
-                     f"x0·x1 = {S[0, 1]:.4f}); each must lose by at least {_MARGIN} in weight")
-    k, margin = second_best(1, 1)
+                     f"x0·x1 = {S[0, 1]:.4f})")
+    k, margin = runner_up(1, 1)
     if margin < _MARGIN:
+        if margin > 0:
+            raise _Wrong(f"query 1 does attend most to itself, but only by {_by(margin)} in "
+                         f"weight over key {k} ({A[1, 1]:.4f} against {A[1, k]:.4f}); it must "
+                         f"win by at least {_MARGIN}: x1·x1 = {S[1, 1]:.4f}, x1·{names[k]} = "
+                         f"{S[1, k]:.4f}")
         raise _Wrong(f"query 1 should attend most to itself, but key {k} gets {A[1, k]:.4f} "
                      f"against {A[1, 1]:.4f} (x1·{names[k]} = {S[1, k]:.4f}, x1·x1 = "
                      f"{S[1, 1]:.4f})")
@@ -370,49 +387,102 @@ def check_design_embeddings(X):
 
 
 # --------------------------------------------------------------------------------------------
-# 1.5 Spot the bug
+# 1.5 Find the bug (one that no linter flags): softmax without keepdims
 # --------------------------------------------------------------------------------------------
-def _context_cases():
+def _bug_cases():
     rng = _rng(105)
-    return [rng.uniform(-1, 1, (6, 3)), rng.normal(size=(4, 5)), rng.uniform(0, 1, (3, 2)),
-            rng.normal(size=(7, 2)) * 3]
+    big = rng.normal(size=(4, 3))
+    big /= np.linalg.norm(big, axis=1, keepdims=True)
+    big *= np.array([[29.0], [0.1], [1.0], [3.0]])  # scores up to 841; row 1 all below 3
+    # T != d in every case, so weights (T, T) can never pass for context vectors (T, d)
+    return [rng.uniform(-1, 1, (6, 3)), rng.normal(size=(4, 5)), rng.uniform(0, 1, (5, 2)),
+            big]
+
+
+def _keepdims_variants(S: np.ndarray):
+    """The weights with the shift and/or the division missing keepdims (row maxima and sums
+    broadcast along the columns: column j gets row j's maximum or sum)."""
+    m_row, m_col = S.max(axis=-1, keepdims=True), S.max(axis=-1)[None, :]
+    with np.errstate(all="ignore"):
+        e_ok, e_bad = np.exp(S - m_row), np.exp(S - m_col)
+        both = e_bad / e_bad.sum(axis=-1)[None, :]
+        shift_only = e_ok / e_ok.sum(axis=-1)[None, :]  # the shift fixed, the division not
+        division_only = e_bad / e_bad.sum(axis=-1, keepdims=True)  # the division fixed only
+    return both, shift_only, division_only
 
 
 @_checker
-def check_spot_the_bug(fixed_context_vectors):
-    """Exercise 1.5: the fixed version of the buggy loop in notebook 01, ``(T, d)`` -> ``(T, d)``:
-    ``softmax(X X^T) @ X`` row by row."""
-    name = "fixed_context_vectors"
-    for X in _context_cases():
+def check_spot_the_bug(fixed_attention):
+    """Exercise 1.5: the fixed version of ``buggy_attention`` in notebook 01, whose softmax lines
+    lack ``keepdims=True``: ``fixed_attention(X)``, X NumPy ``(T, d)`` -> ``softmax(X X^T) @ X``
+    ``(T, d)``, X left unchanged. The last hidden X has rows of lengths 29 and 0.1 (scores up to
+    841): only a shift by each row's own maximum stays finite there."""
+    name = "fixed_attention"
+    for X in _bug_cases():
         T, d = X.shape
-        scores = X @ X.T
-        weights = _softmax(scores)
-        ref = weights @ X
+        S = X @ X.T
+        weights = _softmax(S)
+        ref = weights @ X  # from the checker's own arrays, before the learner's code runs
         x_in = X.copy()
-        got = _numbers(_call(fixed_context_vectors, x_in, name=name, copy=False),
-                       "the context vectors")
+        got = _numbers(_call(fixed_attention, x_in, name=name, copy=False,
+                             on_error=f"on an X of shape {X.shape}"), "the context vectors")
         if not np.array_equal(x_in, X):
-            raise _Wrong("your function changed X in place: build the context vectors in a new "
-                         "array (np.zeros_like(X))")
-        if got.shape == (T, T) and _close(got, weights):
-            raise _Wrong(f"these are the attention weights (T, T) = {(T, T)}; the context vectors "
-                         f"are weights @ X, shape (T, d) = {(T, d)}")
+            raise _Wrong("your function changed X in place (e.g. X -= ... or X /= ...): compute "
+                         "the scores and weights in new arrays and leave X as it was")
+        if got.shape == (T, T):
+            raise _Wrong(f"you returned a (T, T) = {(T, T)} array, the weights; return the "
+                         f"context vectors weights @ X, shape (T, d) = {(T, d)}")
         _shape(got, (T, d), "the context vectors", "(T, d): one context vector per token")
-        if _close(got, ref):
+        scale = max(1.0, float(np.abs(ref).max()))
+        tol = 1e-4 * scale  # float32 answers are fine (scores up to 841 carry ~1e-4 relative)
+        if _close(got, ref, tol):
             continue
+        both, shift_only, division_only = _keepdims_variants(S)
+        if not np.isfinite(got).all():
+            with np.errstate(all="ignore"):
+                naive = np.exp(S) / np.exp(S).sum(axis=-1, keepdims=True)
+                e_glob = np.exp(S - S.max())
+                global_max = e_glob / e_glob.sum(axis=-1, keepdims=True)
+            pattern = np.isfinite(got).all(axis=-1)
+            if np.array_equal(pattern, np.isfinite(global_max).all(axis=-1)):
+                raise _Wrong("nan for the rows of the short vectors when other scores reach "
+                             f"{S.max():.0f}: you subtracted the maximum of the whole score "
+                             "matrix, so a row whose scores all lie more than ~745 below it "
+                             "underflows to 0 / 0. Subtract each row's own maximum: "
+                             "scores.max(axis=-1, keepdims=True)")
+            if np.array_equal(pattern, np.isfinite(naive).all(axis=-1)):
+                raise _Wrong(f"inf or nan for scores up to {S.max():.0f}: without the shift, "
+                             "exp overflows above 709. Keep the shift, but subtract each row's "
+                             "own maximum (keepdims=True)")
+            raise _Wrong(f"your context vectors contain inf or nan for an X of shape {X.shape} "
+                         f"whose scores reach {S.max():.0f}: shift each row of scores by its "
+                         "own maximum before exp")
         _row_order_hint(got, ref)
         _diagnose(got, [
-            ("still the bug: the context vector is built from the raw scores instead of the "
-             "softmax weights; use `context[i] = weights @ X`", scores @ X),
-            ("softmax over the wrong axis: each query's weights (a row) must sum to 1, so use "
-             "axis=-1 (or you multiplied by weights.T)", _softmax(scores, axis=0) @ X),
-            ("notebook 01 uses the plain dot products: no division by sqrt(d) yet",
-             _softmax(scores / math.sqrt(d)) @ X),
-            ("you normalised the scores by dividing by their sum; use softmax",
-             (scores / scores.sum(axis=-1, keepdims=True)) @ X),
+            ("still the bug: both `scores.max(axis=-1)` and `e.sum(axis=-1)` have shape (T,), "
+             "and a (T, T) array minus (or divided by) a (T,) array broadcasts along the rows, "
+             "so column j gets row j's maximum and row j's sum. Add keepdims=True to both",
+             both @ X),
+            ("the shift is fixed, but `e / e.sum(axis=-1)` still divides column j by row j's "
+             "sum, so the rows of your weights do not sum to 1: keepdims=True there too",
+             shift_only @ X),
+            ("each row of your weights sums to 1 now, but the shift still subtracts row j's "
+             "maximum from column j: a different constant per column changes the softmax (only "
+             "one constant per row cancels). keepdims=True on the maximum too",
+             division_only @ X),
+            ("softmax over the wrong axis (or weights.T @ X): each query's weights are a ROW of "
+             "the weights and must sum to 1, so normalise along axis=-1",
+             _softmax(S, axis=0) @ X),
+            ("you divided the scores by their row sum instead of taking the softmax",
+             (S / S.sum(axis=-1, keepdims=True)) @ X),
+            ("notebook 01 does not scale the scores: no division by sqrt(d)",
+             _softmax(S / math.sqrt(d)) @ X),
+            ("you combined the inputs with the raw scores; use the softmax weights",
+             S @ X),
             ("every row is the same: did you compute one query's context vector and copy it to "
              "every row?", np.broadcast_to(ref[0], ref.shape)),
-        ])
-        raise _Wrong(f"the context vectors differ from softmax(X @ X.T) @ X by up to "
-                     f"{_maxdiff(got, ref)}")
-    return "every context vector is a weighted average of the rows of X. The bug was `scores @ X`."
+        ], atol=tol)
+        raise _Wrong(f"for an X of shape {X.shape} your context vectors differ from "
+                     f"softmax(X @ X.T) @ X by up to {_maxdiff(got, ref)}")
+    return ("a (T, T) array minus a (T,) array broadcasts along the rows; keepdims=True keeps "
+            "each row's maximum and sum in its own row.")

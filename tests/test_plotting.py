@@ -172,3 +172,30 @@ def test_plot_word_links_bolds_the_words_and_draws_one_arrow_each():
 def test_bad_input_raises_a_clear_message(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+def test_convex_hull_of_a_square_and_its_centre_is_the_square():
+    from shared.plotting import _convex_hull
+
+    square = np.array([[0.0, 0.0], [1.0, 0.0], [1.0, 1.0], [0.0, 1.0], [0.5, 0.5]])
+    hull = _convex_hull(square)
+    corners = {tuple(p) for p in np.round(hull, 12)}
+    assert corners == {(0.0, 0.0), (1.0, 0.0), (1.0, 1.0), (0.0, 1.0)}
+
+
+def test_context_vectors_plot_takes_tensors_and_names_bad_input():
+    from shared.plotting import plot_context_vectors
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(5, 3))
+    W = np.exp(X @ X.T)
+    Z = (W / W.sum(axis=1, keepdims=True)) @ X  # convex combinations of the rows of X
+    ax = plot_context_vectors(torch.tensor(X), torch.tensor(Z), tokens=list("abcde"))
+    assert ax.get_title()
+    plt.close("all")
+    with pytest.raises(ValueError, match=r"X must be \(T, d\) with T >= 3"):
+        plot_context_vectors(np.ones((2, 3)), np.ones((2, 3)))
+    with pytest.raises(ValueError, match="Z must have the shape of X"):
+        plot_context_vectors(X, Z[:4])
+    with pytest.raises(ValueError, match="labels but X has 5 rows"):
+        plot_context_vectors(X, Z, tokens=["a", "b"])

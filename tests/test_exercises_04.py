@@ -184,6 +184,11 @@ def dup_inf(vocab_size, T):
     return W_q, W_k
 
 
+def dup_overflow(vocab_size, T):
+    W_q, W_k = dup_weights(vocab_size, T)
+    return W_q * 1e200, W_k * 1e200  # finite, but the scores overflow
+
+
 def dup_one_matrix(vocab_size, T):
     return dup_weights(vocab_size, T)[0]
 
@@ -249,6 +254,12 @@ def params_o_bias_wrong(config):
     return params_ok(config) + ((H * hd - d) if config["attention_bias"] else 0)
 
 
+def params_square_o(config):  # W_o taken as hidden_size x hidden_size
+    d, H = config["hidden_size"], config["num_attention_heads"]
+    hd = config["head_dim"] or d // H
+    return params_ok(config) - H * hd * d + d * d
+
+
 def params_gpt2_formula(config):  # 4 d^2 + 4 d: right for GPT-2 only
     d = config["hidden_size"]
     return 4 * d * d + (4 * d if config["attention_bias"] else 0)
@@ -288,6 +299,7 @@ CASES = [
     (ex.check_duplicate_token_head, (dup_transposed,), False, "looks transposed"),
     (ex.check_duplicate_token_head, (dup_inf,), False, "not inf"),
     (ex.check_duplicate_token_head, (dup_one_matrix,), False, "return the pair (W_q, W_k)"),
+    (ex.check_duplicate_token_head, (dup_overflow,), False, "overflow to inf"),
     (ex.check_attention_parameters, (params_ok,), True, "2,362,368"),
     (ex.check_attention_parameters, (params_float,), True, OK),
     (ex.check_attention_parameters, (stub,), None, NA),
@@ -300,6 +312,7 @@ CASES = [
     (ex.check_attention_parameters, (params_no_bias,), False, "forgot the biases"),
     (ex.check_attention_parameters, (params_always_bias,), False, "no bias vectors at all"),
     (ex.check_attention_parameters, (params_o_bias_wrong,), False, "one entry per OUTPUT feature"),
+    (ex.check_attention_parameters, (params_square_o,), False, "not hidden_size (they differ"),
     (ex.check_attention_parameters, (params_gpt2_formula,), False, "which is not the count"),
     (ex.check_attention_parameters, (params_raises,), False, "on the config {'hidden_size': 768"),
 ]

@@ -270,6 +270,10 @@ def check_duplicate_token_head(duplicate_token_head):
         for tokens in _duplicate_sequences(rng, V, T):
             X = duplicate_token_inputs(tokens, V)
             S = (X @ W_q) @ (X @ W_k).T / math.sqrt(d_k)
+            if not np.isfinite(S).all():
+                raise _Wrong(f"on tokens {tokens} (vocab_size = {V}) some scores overflow to inf "
+                             "or nan: scores of a few hundred are already decisive; use smaller "
+                             "numbers")
             A = _softmax(np.where(np.tril(np.ones((T, T), dtype=bool)), S, -np.inf))
             target = duplicate_token_target(tokens)
             for i in range(1, T):
@@ -325,13 +329,13 @@ _CONFIG_CASES = (
 
 
 def _layer_count(d, H, H_kv, hd, bias, *, kv_heads=None, kv_width=None, o_bias=None, with_o=True,
-                 n_kv=2, per_head_square=False):
+                 n_kv=2, per_head_square=False, o_rows=None):
     """The parameter count, with the knobs the typical mistakes turn."""
     q = H * hd
     kv = kv_width if kv_width is not None else (kv_heads if kv_heads is not None else H_kv) * hd
     if per_head_square:  # every head a full d x d matrix
         return H * (3 * (d * d + (d if bias else 0))) + d * d + (d if bias else 0)
-    n = d * q + n_kv * d * kv + (q * d if with_o else 0)
+    n = d * q + n_kv * d * kv + ((o_rows if o_rows is not None else q) * d if with_o else 0)
     if bias:
         n += q + n_kv * kv + ((o_bias if o_bias is not None else d) if with_o else 0)
     return n
@@ -364,6 +368,10 @@ def _config_mistakes(cfg: dict) -> list[tuple[str, int]]:
          _layer_count(d, H, H_kv, hd, True) if not bias else None),
         ("W_o's bias has one entry per OUTPUT feature, hidden_size of them, not "
          "num_attention_heads * head_dim", _layer_count(d, H, H_kv, hd, bias, o_bias=H * hd)),
+        ("W_o maps the concatenated query heads, num_attention_heads * head_dim features, back "
+         "to hidden_size: it has num_attention_heads * head_dim rows, not hidden_size "
+         "(they differ when the config gives head_dim)",
+         _layer_count(d, H, H_kv, hd, bias, o_rows=d)),
         ("the heads split the projections' columns between them; a head is not a full "
          "hidden_size x hidden_size matrix", _layer_count(d, H, H_kv, hd, bias,
                                                           per_head_square=True)),

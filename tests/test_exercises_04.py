@@ -106,6 +106,10 @@ def mh_in_place(X, W_q, W_k, W_v, W_o, num_heads):
     return mh(X, W_q, W_k, W_v, W_o, num_heads, div=lambda *a: 1.0)
 
 
+def mh_with_weights(X, W_q, W_k, W_v, W_o, num_heads):
+    return mh_ok(X, W_q, W_k, W_v, W_o, num_heads), None
+
+
 def mh_other(X, W_q, W_k, W_v, W_o, num_heads):
     return mh_ok(X, W_q, W_k, W_v, W_o, num_heads) * 1.1
 
@@ -286,6 +290,7 @@ CASES = [
     (ex.check_fixed_multi_head, (mh_merge_view_error,), False, "on X (2, 5, 7), num_heads = 3"),
     (ex.check_fixed_multi_head, (mh_in_place,), False, "changed W_q in place"),
     (ex.check_fixed_multi_head, (mh_other,), False, "not in a way the checker recognises"),
+    (ex.check_fixed_multi_head, (mh_with_weights,), False, "not a tuple"),
     (ex.check_duplicate_token_head, (dup_ok,), True, OK),
     (ex.check_duplicate_token_head, (dup_torch,), True, OK),
     (ex.check_duplicate_token_head, (stub,), None, NA),

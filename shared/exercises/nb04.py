@@ -187,6 +187,8 @@ def check_fixed_multi_head(multi_head_attention):
                                             strict=True) if not np.array_equal(m.numpy(), a)]
             raise _Wrong(f"your function changed {', '.join(changed)} in place (on {where}): "
                          "compute new tensors instead of writing into the inputs")
+        if isinstance(ans, (tuple, list)):
+            raise _Wrong("return only the output tensor (B, T, d_out), not a tuple or list")
         got = _arr(ans, "the output")
         if got.shape != (B, T, d_out):
             raise _Wrong(f"the output has shape {got.shape}; expected (B, T, d_out) = "

@@ -3,11 +3,21 @@
 Every reference is computed before the learner's code runs, from inputs the learner never sees
 (the learner gets copies), so changing an input in place cannot change what it is judged
 against. Answers computed in float32 are accepted (the tolerances are float32's).
+
+* 4.1 ``check_fixed_multi_head``: fix three silent bugs in a multi-head attention function. Every
+  combination the checker can name (each planted bug, every wrong scaling, no mask, softmax over
+  the keys' columns) gives a different output on every hidden case, so a hint names exactly the
+  mistakes left; an inverted mask is the only one that gives nan, and has its own hint.
+* 4.2 ``check_duplicate_token_head``: design ``W_q``, ``W_k`` for a head that attends to the most
+  recent earlier occurrence of the current token (else to ``BOS``).
+* 4.3 ``check_attention_parameters``: the parameter count of one attention layer from a
+  Hugging-Face-style config (grouped-query attention, an explicit ``head_dim``, biases); on the
+  hidden configs every named mistake gives its own set of numbers.
 """
 
 from __future__ import annotations
 
-import copy
+import itertools
 import math
 import numbers
 
@@ -20,18 +30,15 @@ from ._core import (
     _checker,
     _maxdiff,
     _rng,
-    _shape,
     _softmax,
     _t,
     _Wrong,
 )
 
 __all__ = [
-    "check_cross_attention",
-    "check_split_merge_heads",
-    "check_parameter_count",
-    "check_fused_attention",
-    "check_grouped_query_attention",
+    "check_fixed_multi_head",
+    "check_duplicate_token_head",
+    "check_attention_parameters",
 ]
 
 # float32 answers to float64 questions: ~1e-7 relative error per operation, a few operations deep
@@ -41,13 +48,6 @@ ATOL, RTOL = 1e-5, 1e-4
 def _close(a, b) -> bool:
     a, b = np.asarray(a), np.asarray(b)
     return a.shape == b.shape and bool(np.allclose(a, b, atol=ATOL, rtol=RTOL))
-
-
-def _diagnose(got, candidates) -> None:
-    """Raise ``_Wrong(hint)`` for the first ``(hint, value)`` candidate that ``got`` matches."""
-    for hint, value in candidates:
-        if value is not None and _close(got, value):
-            raise _Wrong(hint)
 
 
 def _whole_number(ans, what: str) -> int:
@@ -68,314 +68,353 @@ def _whole_number(ans, what: str) -> int:
 
 
 # --------------------------------------------------------------------------------------------
-# 4.1 Cross-attention
+# 4.1 Find the bugs in a multi-head attention function
 # --------------------------------------------------------------------------------------------
+# What each way of computing a piece means, and the hint for each wrong way. The planted bugs are
+# V_SPLIT "view", SCALE "H*d_k" and MERGE "reshape".
+_V_SPLIT = {
+    "transpose": None,
+    "view": "V is still cut into heads with .view(B, H, T, d_v): that hands each head a slab of "
+            "consecutive numbers from different tokens; view it as (B, T, H, d_v) and "
+            ".transpose(1, 2), like Q and K",
+}
+_SCALE = {
+    "sqrt(d_k)": None,
+    "sqrt(H*d_k)": "the scores are divided by sqrt(W_q.shape[1]) = sqrt(num_heads * d_k), the "
+                   "width of all heads together: each head's score is a dot product of d_k "
+                   "numbers, so divide by sqrt(d_k)",
+    "sqrt(d_in)": "the scores are divided by sqrt(d_in), the width of X: divide by sqrt(d_k), "
+                  "the size of one head's query and key",
+    "sqrt(d_v)": "the scores are divided by sqrt(d_v), the size of one head's value: divide by "
+                 "sqrt(d_k), the size of one head's query and key",
+    "d_k": "the scores are divided by d_k without the square root: divide by sqrt(d_k)",
+    "1": "the scores are not scaled at all: divide them by sqrt(d_k)",
+}
+_MASK = {
+    "causal": None,
+    "none": "the causal mask is gone: every query must see only itself and earlier tokens",
+}
+# An inverted mask (masked_fill with may_attend instead of ~may_attend) leaves the last query no
+# key at all: nan. No other variant gives nan, so a nan output gets this hint of its own.
+_NAN_HINT = ("your output has nan{where}: a query whose every key is masked gets -inf scores only. "
+             "masked_fill writes -inf where its mask is True, so give it the blocked positions "
+             "(~may_attend); with may_attend itself each query sees only the future and the last "
+             "one sees nothing")
+_SOFTMAX = {
+    -1: None,
+    -2: "softmax over the wrong dim: each query's weights over the keys (a row, dim=-1) must sum "
+        "to 1, not each key's column (dim=-2)",
+}
+_MERGE = {
+    "transpose": None,
+    "reshape": "the heads are merged with context.reshape(B, T, -1) straight from "
+               "(B, H, T, d_v), which interleaves tokens and heads: .transpose(1, 2) back to "
+               "(B, T, H, d_v) first, then reshape",
+}
+_VARIANTS = list(itertools.product(_V_SPLIT, _SCALE, _MASK, _SOFTMAX, _MERGE))
+_RIGHT = ("transpose", "sqrt(d_k)", "causal", -1, "transpose")
+_PLANTED = ("view", "sqrt(H*d_k)", "causal", -1, "reshape")
+# softmax over columns without the mask is what the learner would get by also deleting the mask
+# line; every (v_split, scale, mask, dim, merge) combination gives a different output
+
+# (B, T, d_in, H, d_k, d_v, d_out): d_k, H * d_k, d_in, d_v all different, so every scaling is
+# a different number; T > 2 and several heads, so every split and merge mistake moves values
+_MH_CASES = ((2, 5, 7, 3, 4, 2, 6), (1, 6, 5, 2, 3, 4, 4), (3, 4, 6, 4, 2, 3, 5))
+
+
+def _split(t: np.ndarray, H: int, how: str = "transpose") -> np.ndarray:
+    B, T, D = t.shape
+    if how == "view":
+        return t.reshape(B, H, T, D // H)
+    return t.reshape(B, T, H, D // H).transpose(0, 2, 1, 3)
+
+
+def _multi_head_variant(X, W_q, W_k, W_v, W_o, H, v_split, scale, mask, dim, merge):
+    """Causal multi-head attention in float64 NumPy, with each piece done one of the ways above."""
+    B, T, d_in = X.shape
+    d_k, d_v = W_q.shape[1] // H, W_v.shape[1] // H
+    Q, K = _split(X @ W_q, H), _split(X @ W_k, H)
+    V = _split(X @ W_v, H, v_split)
+    div = {"sqrt(d_k)": math.sqrt(d_k), "sqrt(H*d_k)": math.sqrt(H * d_k),
+           "sqrt(d_in)": math.sqrt(d_in), "sqrt(d_v)": math.sqrt(d_v), "d_k": d_k,
+           "1": 1.0}[scale]
+    S = Q @ np.swapaxes(K, -1, -2) / div
+    if mask == "causal":
+        S = np.where(np.tril(np.ones((T, T), dtype=bool)), S, -np.inf)
+    A = _softmax(S, axis=dim)
+    ctx = A @ V  # (B, H, T, d_v)
+    if merge == "reshape":
+        merged = ctx.reshape(B, T, H * d_v)
+    else:
+        merged = ctx.transpose(0, 2, 1, 3).reshape(B, T, H * d_v)
+    return merged @ W_o
+
+
+def _multi_head_case(rng: np.random.Generator, case: tuple):
+    B, T, d_in, H, d_k, d_v, d_out = case
+    X = rng.normal(size=(B, T, d_in))
+    W_q, W_k = rng.normal(size=(d_in, H * d_k)), rng.normal(size=(d_in, H * d_k))
+    W_v, W_o = rng.normal(size=(d_in, H * d_v)), rng.normal(size=(H * d_v, d_out))
+    return X, W_q, W_k, W_v, W_o
+
+
+def _multi_head_hint(variant: tuple) -> str:
+    wrong = [table[way] for table, way in zip((_V_SPLIT, _SCALE, _MASK, _SOFTMAX, _MERGE),
+                                              variant, strict=True) if table[way]]
+    planted = sum(v == p != r for v, p, r in zip(variant, _PLANTED, _RIGHT, strict=True))
+    lead = (f"{planted} of the 3 planted bugs {'is' if planted == 1 else 'are'} still there; "
+            if planted else "")
+    return lead + "; ".join(wrong)
+
+
 @_checker
-def check_cross_attention(cross_attention):
-    """``cross_attention(X_q, X_kv, W_q, W_k, W_v)`` -> ``(T_q, d_v)``: queries from ``X_q``
-    ``(T_q, d_in)``, keys and values from ``X_kv`` ``(T_kv, d_in)``; scaled, no mask."""
+def check_fixed_multi_head(multi_head_attention):
+    """``multi_head_attention(X, W_q, W_k, W_v, W_o, num_heads)`` -> ``(B, T, d_out)``: causal
+    multi-head attention with X ``(B, T, d_in)``, W_q and W_k ``(d_in, H * d_k)``, W_v
+    ``(d_in, H * d_v)``, W_o ``(H * d_v, d_out)``; head h owns columns ``h*d_k:(h+1)*d_k``."""
     rng = _rng(401)
-    # (T_q, T_kv, d_in, d_k, d_v, spread): different lengths; equal lengths (so swapped roles
-    # keep the shape); d_k != d_v; large scores that overflow an exp without the max trick
-    cases = ((3, 5, 4, 2, 3, 1.0), (4, 4, 3, 3, 2, 1.0), (2, 6, 5, 4, 7, 1.0),
-             (3, 4, 4, 4, 3, 15.0))
-    for T_q, T_kv, d_in, d_k, d_v, spread in cases:
-        X_q = rng.normal(size=(T_q, d_in)) * spread
-        X_kv = rng.normal(size=(T_kv, d_in)) * spread
-        W_q, W_k, W_v = (rng.normal(size=(d_in, d_k)), rng.normal(size=(d_in, d_k)),
-                         rng.normal(size=(d_in, d_v)))
-        Q, K, V = X_q @ W_q, X_kv @ W_k, X_kv @ W_v
-        S = Q @ K.T
-        ref = _softmax(S / math.sqrt(d_k)) @ V
-        got = _arr(_call(cross_attention, _t(X_q.copy()), _t(X_kv.copy()), _t(W_q.copy()),
-                         _t(W_k.copy()), _t(W_v.copy()), name="cross_attention",
-                         on_error="hint: queries come from X_q; keys AND values both come from "
-                                  "X_kv, which may have a different length"), "the output")
-        if got.shape == (T_kv, d_v) and T_kv != T_q:
-            raise _Wrong(f"the output has shape {got.shape}, one row per key: the queries must "
-                         f"come from X_q, giving (T_q, d_v) = {(T_q, d_v)}")
-        if got.shape == (T_q, T_kv) and T_kv != d_v:
-            raise _Wrong(f"the output has shape {got.shape} = (T_q, T_kv): those are the "
-                         "attention weights; multiply them by V = X_kv @ W_v")
-        _shape(got, (T_q, d_v), "the output", "(T_q, d_v): one output per query")
-        if _close(got, ref):
-            continue
-        if not np.isfinite(got).all():
-            raise _Wrong("your output has nan or inf where the scores are large (this case has "
-                         "scores in the hundreds): exp overflows; subtract each row's maximum "
-                         "before exponentiating, or use torch.softmax")
-        tri = np.tril(np.ones((T_q, T_kv), dtype=bool))
-        swapped = None
-        if T_q == T_kv:
-            swapped = [
-                ("the queries must come from X_q (Q = X_q @ W_q); yours come from X_kv",
-                 _softmax((X_kv @ W_q) @ K.T / math.sqrt(d_k)) @ V),
-                ("the keys must come from X_kv (K = X_kv @ W_k); yours come from X_q",
-                 _softmax(Q @ (X_q @ W_k).T / math.sqrt(d_k)) @ V),
-                ("the values must come from X_kv too (V = X_kv @ W_v); yours come from X_q",
-                 _softmax(S / math.sqrt(d_k)) @ (X_q @ W_v)),
-            ]
-        _diagnose(got, [
-            ("forgot the scaling: divide the scores by sqrt(d_k)", _softmax(S) @ V),
-            ("divide by sqrt(d_k), the size of a query/key (W_q's columns), not sqrt(d_v)",
-             _softmax(S / math.sqrt(d_v)) @ V if d_v != d_k else None),
-            ("divide by sqrt(d_k), the size of a query/key (W_q's columns), not sqrt(d_in)",
-             _softmax(S / math.sqrt(d_in)) @ V if d_in != d_k else None),
-            ("cross-attention has no causal mask: every query may look at every key of X_kv",
-             _softmax(np.where(tri, S, -np.inf) / math.sqrt(d_k)) @ V),
-            ("softmax over the wrong axis: each query's weights (a row, dim=-1) must sum to 1",
-             _softmax(S / math.sqrt(d_k), axis=0) @ V),
-            *(swapped or []),
-        ])
-        raise _Wrong(f"the output differs from softmax(Q K^T / sqrt(d_k)) V by up to "
-                     f"{_maxdiff(got, ref)} (case T_q = {T_q}, T_kv = {T_kv})")
-    return "queries from one sequence, keys and values from another of a different length."
-
-
-# --------------------------------------------------------------------------------------------
-# 4.2 Split and merge heads
-# --------------------------------------------------------------------------------------------
-@_checker
-def check_split_merge_heads(split_heads, merge_heads):
-    """``split_heads(x, num_heads)``: ``(B, T, d)`` -> ``(B, num_heads, T, head_dim)`` with head h
-    owning columns ``h*head_dim:(h+1)*head_dim``; ``merge_heads(y)`` undoes it. Torch tensors."""
-    g = torch.Generator().manual_seed(402)
-    for B, T, H, hd, dtype in ((2, 3, 4, 2, torch.float64), (1, 5, 3, 4, torch.float64),
-                               (3, 4, 2, 3, torch.float32)):
-        x = torch.randn(B, T, H * hd, generator=g, dtype=dtype)
-        ref = x.view(B, T, H, hd).transpose(1, 2)  # a view of x: x itself is never given out
-        ref_np, x_np = ref.double().numpy().copy(), x.double().numpy().copy()
-        got = _arr(_call(split_heads, x.clone(), H, name="split_heads"), "split_heads(x)")
-        if got.shape == (B, T, H, hd):
-            raise _Wrong(f"split_heads(x) has shape {got.shape} = (B, T, H, head_dim): after "
-                         "the view, swap dims 1 and 2 (.transpose(1, 2)) to put the heads before "
-                         "the tokens")
-        _shape(got, (B, H, T, hd), "split_heads(x)", "(B, num_heads, T, head_dim)")
-        if not _close(got, ref_np):
-            _diagnose(got, [
-                ("you reshaped straight to (B, H, T, head_dim), which mixes tokens and heads: "
-                 "view as (B, T, H, head_dim) first, then swap dims 1 and 2 (.transpose(1, 2))",
-                 x_np.reshape(B, H, T, hd)),
-                ("head h must own the contiguous columns h*head_dim:(h+1)*head_dim: view as "
-                 "(B, T, H, head_dim), not (B, T, head_dim, H)",
-                 x_np.reshape(B, T, hd, H).transpose(0, 3, 1, 2)),
-            ])
-            raise _Wrong(f"split_heads(x) differs from x.view(B, T, H, head_dim).transpose(1, 2) "
-                         f"by up to {_maxdiff(got, ref_np)}")
-        # merge_heads gets what attention produces, a contiguous (B, H, T, head_dim) tensor, and
-        # what split_heads produces, a transposed view
-        for y in (ref.contiguous().clone(), x.clone().view(B, T, H, hd).transpose(1, 2)):
-            merged = _arr(_call(merge_heads, y, name="merge_heads",
-                                on_error="hint: after transpose the tensor is not contiguous; use "
-                                         ".contiguous().view(...) or .reshape(...)"),
-                          "merge_heads(y)")
-            _shape(merged, (B, T, H * hd), "merge_heads(y)", "(B, T, num_heads * head_dim)")
-            if not _close(merged, x_np):
-                _diagnose(merged, [
-                    ("transpose back to (B, T, H, head_dim) before reshaping to (B, T, d): "
-                     "y.transpose(1, 2).reshape(B, T, d)", ref_np.reshape(B, T, H * hd)),
-                ])
-                raise _Wrong("merge_heads(split_heads(x)) does not give x back")
-    return "(B, T, d) -> (B, H, T, head_dim) -> (B, T, d) round-trips exactly."
-
-
-# --------------------------------------------------------------------------------------------
-# 4.3 Count the parameters
-# --------------------------------------------------------------------------------------------
-def _mha_count(d_model: int, num_heads: int, bias: bool) -> int:
-    mha = torch.nn.MultiheadAttention(d_model, num_heads, bias=bias)
-    return sum(p.numel() for p in mha.parameters())
-
-
-@_checker
-def check_parameter_count(count_mha_parameters):
-    """``count_mha_parameters(d_model, num_heads, bias=True)`` -> the number of parameters of
-    ``torch.nn.MultiheadAttention(d_model, num_heads, bias=bias)``: W_q, W_k, W_v and W_o
-    (each d_model x d_model), plus one bias vector of d_model per projection when ``bias``."""
-    answers = []
-    for d, H, bias in ((768, 12, True), (64, 4, False), (10, 2, True), (12, 3, False),
-                       (20, 1, True)):
-        ans = _call(count_mha_parameters, d, H, bias=bias, name="count_mha_parameters")
-        got = _whole_number(ans, "the number of parameters")
-        answers.append(got)
-        ref = _mha_count(d, H, bias)
-        if got == ref:
-            continue
-        if len(answers) > 1 and len(set(answers)) == 1:
-            raise _Wrong(f"you returned {got:,} for every size: compute the count from d_model "
-                         "(and bias) instead of a fixed number")
-        b = d if bias else 0
-        hd = d // H
-        for value, hint in (
-            (3 * (d * d + b), "forgot the output projection W_o (another d_model x d_model "
-                              "matrix, plus its bias)"),
-            (4 * d * d, "forgot the biases: with bias=True each of the 4 projections has "
-                        "d_model of them"),
-            (4 * (d * d + d), "with bias=False there are no bias vectors"),
-            (H * 4 * (d * d + b), "the heads split d_model into num_heads slices of "
-                                  "head_dim; they don't multiply the parameters"),
-            (H * 3 * (d * d + b) + d * d + b, "the heads split d_model into num_heads slices of "
-                                              "head_dim; they don't multiply the parameters"),
-            (4 * (d * hd + (hd if bias else 0)),
-             "each projection maps d_model to num_heads * head_dim = d_model, not to head_dim"),
-        ):
-            if got == value and value != ref:
-                raise _Wrong(f"{hint} (d_model = {d}, num_heads = {H}, bias = {bias})")
-        raise _Wrong(f"for d_model = {d}, num_heads = {H}, bias = {bias} the count is "
-                     f"{ref:,}; got {got:,} (4 matrices of d_model x d_model, plus biases)")
-    return f"GPT-2 small's attention (d_model = 768, 12 heads) has {_mha_count(768, 12, True):,} " \
-           "parameters per layer."
-
-
-# --------------------------------------------------------------------------------------------
-# 4.4 Multi-head attention from a fused c_attn, with SDPA
-# --------------------------------------------------------------------------------------------
-def _heads(t: torch.Tensor, H: int) -> torch.Tensor:
-    B, T, d = t.shape
-    return t.reshape(B, T, H, d // H).transpose(1, 2)
-
-
-def _merge(t: torch.Tensor) -> torch.Tensor:
-    B, H, T, hd = t.shape
-    return t.transpose(1, 2).reshape(B, T, H * hd)
-
-
-def _fused_variants(x, c_attn, c_proj, H):
-    """The reference and typical wrong versions of GPT-2-style attention, as NumPy arrays."""
-    F = torch.nn.functional
-    B, T, _ = x.shape
-    d = c_proj.in_features
-    qkv = c_attn(x)  # (B, T, 3d)
-    q, k, v = qkv.split(d, dim=-1)
-
-    def attend(q, k, v, causal=True, split=_heads, proj=True):
-        ctx = F.scaled_dot_product_attention(split(q, H), split(k, H), split(v, H),
-                                             is_causal=causal)
-        ctx = _merge(ctx)
-        return c_proj(ctx) if proj else ctx
-
-    def direct(t, H):  # straight to (B, H, T, hd): mixes tokens and heads
-        return t.reshape(B, H, T, t.shape[-1] // H)
-
-    # per-head interleaved layout: [q_h, k_h, v_h] for each head in turn (not GPT-2's)
-    inter = qkv.reshape(B, T, H, 3 * (d // H)).transpose(1, 2)  # (B, H, T, 3 hd)
-    qi, ki, vi = inter.split(d // H, dim=-1)
-    ctx_inter = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True)
-
-    def unscaled():
-        Qh, Kh, Vh = _heads(q, H), _heads(k, H), _heads(v, H)
-        s = Qh @ Kh.transpose(-2, -1)
-        s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
-        return c_proj(_merge(torch.softmax(s, dim=-1) @ Vh))
-
-    def no_transpose_merge():
-        ctx = F.scaled_dot_product_attention(_heads(q, H), _heads(k, H), _heads(v, H),
-                                             is_causal=True)
-        return c_proj(ctx.reshape(B, T, d))
-
-    with torch.no_grad():
-        ref = attend(q, k, v)
-        wrong = [
-            ("GPT-2's attention is causal: pass is_causal=True to scaled_dot_product_attention",
-             attend(q, k, v, causal=False)),
-            ("c_attn's output is [Q | K | V] in that order: q, k, v = c_attn(x).split(d, dim=-1) "
-             "(you took the keys as queries)", attend(k, q, v)),
-            ("c_attn's output is [Q | K | V] in that order: q, k, v = c_attn(x).split(d, dim=-1) "
-             "(you mixed up K and V)", attend(q, v, k)),
-            ("split c_attn(x) into Q, K and V first (three blocks of d features), then each into "
-             "heads: GPT-2's c_attn is not interleaved per head", c_proj(_merge(ctx_inter))),
-            ("you reshaped straight to (B, H, T, head_dim), which mixes tokens and heads: view "
-             "as (B, T, H, head_dim), then .transpose(1, 2)", attend(q, k, v, split=direct)),
-            ("transpose the heads back to (B, T, H, head_dim) before merging them to (B, T, d)",
-             no_transpose_merge()),
-            ("finish with the output projection: return c_proj(merged heads)",
-             attend(q, k, v, proj=False)),
-            ("forgot the scaling: divide the scores by sqrt(head_dim) (SDPA does it for you)",
-             unscaled()),
-        ]
-    return ref.double().numpy(), [(h, w.double().numpy()) for h, w in wrong]
-
-
-@_checker
-def check_fused_attention(fused_attention):
-    """``fused_attention(x, c_attn, c_proj, num_heads)`` -> ``(B, T, d)``: causal multi-head
-    self-attention the GPT-2 way, ``q, k, v = c_attn(x).split(d, dim=-1)``, each split into heads,
-    ``F.scaled_dot_product_attention(..., is_causal=True)``, heads merged, then ``c_proj``.
-    ``c_attn`` is an ``nn.Linear(d, 3 d)``, ``c_proj`` an ``nn.Linear(d, d)``."""
-    for seed, (B, T, d, H) in enumerate(((2, 5, 12, 3), (1, 7, 8, 2), (3, 4, 16, 4))):
-        torch.manual_seed(404 + seed)  # the checker runs inside fork_rng: nothing leaks out
-        c_attn = torch.nn.Linear(d, 3 * d).double()
-        c_proj = torch.nn.Linear(d, d).double()
-        x = torch.randn(B, T, d, dtype=torch.float64)
-        ref, wrong = _fused_variants(x, c_attn, c_proj, H)
-        ans = _call(fused_attention, x.clone(), copy.deepcopy(c_attn), copy.deepcopy(c_proj), H,
-                    name="fused_attention",
-                    on_error="hint: q, k, v = c_attn(x).split(d, dim=-1); view each as "
-                             "(B, T, H, head_dim) and .transpose(1, 2)")
-        if isinstance(ans, tuple):
-            raise _Wrong("return only the output tensor (B, T, d), not a tuple")
+    for case in _MH_CASES:
+        B, T, d_in, H, d_k, d_v, d_out = case
+        args = _multi_head_case(rng, case)
+        ref = _multi_head_variant(*args, H, *_RIGHT)
+        where = (f"X {(B, T, d_in)}, num_heads = {H}, d_k = {d_k}, d_v = {d_v}, "
+                 f"W_o {(H * d_v, d_out)}")
+        mine = [_t(a.copy()) for a in args]  # tensors handed over as they are, then inspected
+        ans = _call(multi_head_attention, *mine, H, name="multi_head_attention", copy=False,
+                    on_error=f"on {where}")
+        if any(not np.array_equal(m.numpy(), a) for m, a in zip(mine, args, strict=True)):
+            changed = [n for n, m, a in zip(("X", "W_q", "W_k", "W_v", "W_o"), mine, args,
+                                            strict=True) if not np.array_equal(m.numpy(), a)]
+            raise _Wrong(f"your function changed {', '.join(changed)} in place (on {where}): "
+                         "compute new tensors instead of writing into the inputs")
+        if isinstance(ans, (tuple, list)):
+            raise _Wrong("return only the output tensor (B, T, d_out), not a tuple or list")
         got = _arr(ans, "the output")
-        _shape(got, (B, T, d), "the output", "(B, T, d), like x")
+        if got.shape != (B, T, d_out):
+            raise _Wrong(f"the output has shape {got.shape}; expected (B, T, d_out) = "
+                         f"{(B, T, d_out)} (on {where})")
         if _close(got, ref):
             continue
-        _diagnose(got, wrong)
-        raise _Wrong(f"the output differs from GPT-2-style attention by up to "
-                     f"{_maxdiff(got, ref)} (case B = {B}, T = {T}, d = {d}, num_heads = {H})")
-    return "one projection for Q, K and V, every head in one SDPA call: GPT-2's c_attn form."
+        if np.isnan(got).any():
+            b, t = (int(k) for k in np.argwhere(np.isnan(got))[0][:2])
+            raise _Wrong(_NAN_HINT.format(where=f" (batch {b}, token {t}, on {where})"))
+        for variant in _VARIANTS:
+            if variant != _RIGHT and _close(got, _multi_head_variant(*args, H, *variant)):
+                raise _Wrong(_multi_head_hint(variant))
+        raise _Wrong(f"the output differs from causal multi-head attention by up to "
+                     f"{_maxdiff(got, ref)} (on {where}), and not in a way the checker "
+                     "recognises: compare each step's shape with the comments")
+    return "three silent bugs fixed: V's split, the scaling by sqrt(d_k), and the merge."
 
 
 # --------------------------------------------------------------------------------------------
-# 4.5 Grouped-query attention
+# 4.2 Design a duplicate-token head
 # --------------------------------------------------------------------------------------------
-def _gqa(Q, K, V, group):
-    K = np.repeat(K, group, axis=-3)  # kv head j serves query heads j*group ... (j+1)*group - 1
-    V = np.repeat(V, group, axis=-3)
-    return _softmax(Q @ np.swapaxes(K, -1, -2) / math.sqrt(Q.shape[-1])) @ V
+def duplicate_token_inputs(tokens, vocab_size: int) -> np.ndarray:
+    """``(T, vocab_size + T)``: row i is ``[onehot(tokens[i]) | onehot(i)]``."""
+    tokens = np.asarray(tokens)
+    T = len(tokens)
+    return np.concatenate([np.eye(vocab_size)[tokens], np.eye(T)], axis=1)
+
+
+def duplicate_token_target(tokens) -> np.ndarray:
+    """For each query i, the key it should attend to: the latest j < i with the same token, else
+    0 (BOS); query 0 can only attend to itself (0)."""
+    target = np.zeros(len(tokens), dtype=int)
+    for i in range(1, len(tokens)):
+        earlier = [j for j in range(1, i) if tokens[j] == tokens[i]]
+        target[i] = earlier[-1] if earlier else 0
+    return target
+
+
+def _duplicate_sequences(rng: np.random.Generator, V: int, T: int) -> list[list[int]]:
+    """Sequences starting with BOS (0): one with a token three times (the most recent must win)
+    and a repeat far back behind recent other tokens; then random ones with repeats."""
+    words = list(range(1, V))
+    a, b, c = words[0], words[1], words[-1]
+    first = [0, a, b, a, c, a] + [words[(k % (V - 1))] for k in range(T - 6)]
+    far = [0, c] + [w for w in words if w != c][: T - 3] + [c]
+    far += [words[k % (V - 1)] for k in range(T - len(far))]
+    seqs = [first[:T], far[:T]]
+    seqs += [[0, *rng.integers(1, V, size=T - 1).tolist()] for _ in range(4)]
+    return seqs
+
+
+_DUP_CASES = ((5, 10), (4, 12), (7, 9))  # (vocab_size, T): BOS is token 0
 
 
 @_checker
-def check_grouped_query_attention(grouped_query_attention):
-    """``grouped_query_attention(Q, K, V)`` -> ``(B, H, T_q, d_v)``: Q ``(B, H, T_q, d_k)``, K
-    ``(B, H_kv, T_k, d_k)`` and V ``(B, H_kv, T_k, d_v)`` with ``H`` a multiple of ``H_kv``;
-    query head ``h`` uses key/value head ``h // (H // H_kv)``; scaled, no mask."""
-    rng = _rng(405)
-    # (B, H, H_kv, T_q, T_k, d_k, d_v): groups of 2, 4 (hard-coded 2 fails), 1 (plain MHA) and
-    # H_kv = 1 (multi-query); T_q != T_k (a few new queries against a longer cache)
-    cases = ((2, 4, 2, 3, 5, 4, 4), (1, 8, 2, 4, 4, 3, 2), (2, 3, 3, 2, 6, 4, 5),
-             (1, 6, 1, 5, 3, 2, 3))
-    for B, H, H_kv, T_q, T_k, d_k, d_v in cases:
-        Q = rng.normal(size=(B, H, T_q, d_k))
-        K = rng.normal(size=(B, H_kv, T_k, d_k))
-        V = rng.normal(size=(B, H_kv, T_k, d_v))
-        g = H // H_kv
-        ref = _gqa(Q, K, V, g)
-        got = _arr(_call(grouped_query_attention, _t(Q.copy()), _t(K.copy()), _t(V.copy()),
-                         name="grouped_query_attention",
-                         on_error="hint: give every query head its key/value head first, e.g. "
-                                  "K.repeat_interleave(H // H_kv, dim=1)"), "the output")
-        if got.shape == (B, H_kv, T_q, d_v) and H_kv != H:
-            raise _Wrong(f"the output has {H_kv} heads, one per key/value head: every query head "
-                         f"keeps its own output, shape (B, H, T_q, d_v) = {(B, H, T_q, d_v)}")
-        _shape(got, (B, H, T_q, d_v), "the output", "(B, H, T_q, d_v): one output per query head")
-        if _close(got, ref):
-            continue
-        cyc = np.tile(np.arange(H_kv), g)  # what .repeat(1, g, 1, 1) gives: kv head h % H_kv
-        _diagnose(got, [
-            ("query head h must use key/value head h // (H // H_kv): neighbouring query heads "
-             "share one; .repeat(...) cycles the key/value heads (h % H_kv), use "
-             ".repeat_interleave(H // H_kv, dim=1)",
-             _softmax(Q @ np.swapaxes(K[:, cyc], -1, -2) / math.sqrt(d_k)) @ V[:, cyc]),
-            ("forgot the scaling: divide the scores by sqrt(d_k)",
-             _gqa(Q * math.sqrt(d_k), K, V, g)),
-            ("grouped-query attention has no causal mask here: every query may look at every key",
-             None if T_q != T_k else
-             _softmax(np.where(np.tril(np.ones((T_q, T_k), dtype=bool)),
-                               Q @ np.swapaxes(np.repeat(K, g, axis=-3), -1, -2), -np.inf)
-                      / math.sqrt(d_k)) @ np.repeat(V, g, axis=-3)),
-        ])
-        raise _Wrong(f"the output differs from attention with each key/value head shared by "
-                     f"{g} query heads by up to {_maxdiff(got, ref)} (case H = {H}, "
-                     f"H_kv = {H_kv})")
-    return ("query heads share key/value heads in groups: the KV cache shrinks by "
-            "H / H_kv, the queries keep their own heads.")
+def check_duplicate_token_head(duplicate_token_head):
+    """``duplicate_token_head(vocab_size, T)`` -> ``(W_q, W_k)``, each ``(vocab_size + T, d_k)``.
+    On inputs ``[onehot(token) | onehot(position)]`` with ``BOS`` = token 0 at position 0, causal
+    scaled attention must put at least 0.9 of query i's weight on the latest earlier position with
+    the same token, or on position 0 when there is none."""
+    rng = _rng(402)
+    for V, T in _DUP_CASES:
+        ans = _call(duplicate_token_head, V, T, name="duplicate_token_head",
+                    on_error=f"on vocab_size = {V}, T = {T}")
+        if not isinstance(ans, (tuple, list)) or len(ans) != 2:
+            raise _Wrong(f"return the pair (W_q, W_k); got {type(ans).__name__}")
+        W_q, W_k = (_arr(w, name) for w, name in zip(ans, ("W_q", "W_k"), strict=True))
+        d_x = V + T
+        for name, W in (("W_q", W_q), ("W_k", W_k)):
+            if W.ndim != 2 or W.shape[0] != d_x:
+                flip = (" (it looks transposed)" if W.ndim == 2 and W.shape[1] == d_x else "")
+                raise _Wrong(f"{name} has shape {W.shape}; expected (vocab_size + T, d_k) = "
+                             f"({d_x}, d_k) for vocab_size = {V}, T = {T}{flip}")
+        if W_q.shape[1] != W_k.shape[1]:
+            raise _Wrong(f"W_q {W_q.shape} and W_k {W_k.shape} need the same number of columns "
+                         "d_k: a score is a dot product of a query and a key")
+        if not (np.isfinite(W_q).all() and np.isfinite(W_k).all()):
+            raise _Wrong("W_q or W_k holds inf or nan: use large finite numbers (50, 100), "
+                         "not inf")
+        d_k = W_q.shape[1]
+        for tokens in _duplicate_sequences(rng, V, T):
+            X = duplicate_token_inputs(tokens, V)
+            S = (X @ W_q) @ (X @ W_k).T / math.sqrt(d_k)
+            if not np.isfinite(S).all():
+                raise _Wrong(f"on tokens {tokens} (vocab_size = {V}) some scores overflow to inf "
+                             "or nan: scores of a few hundred are already decisive; use smaller "
+                             "numbers")
+            A = _softmax(np.where(np.tril(np.ones((T, T), dtype=bool)), S, -np.inf))
+            target = duplicate_token_target(tokens)
+            for i in range(1, T):
+                t, a = target[i], int(A[i].argmax())
+                if A[i, t] >= 0.9:
+                    continue
+                tok = tokens[i]
+                where = (f"on tokens {tokens} (vocab_size = {V}), query {i} (token {tok}) puts "
+                         f"{A[i, t]:.2f} on key {t}")
+                if a == t:
+                    raise _Wrong(f"{where}, the right key, but not 0.9: make the scores larger "
+                                 "(scale W_q or W_k up)")
+                if a == i:
+                    raise _Wrong(f"{where} and {A[i, a]:.2f} on itself: its own key always has "
+                                 "the same token; give the diagonal (query position = key "
+                                 "position) a large negative score")
+                if tokens[a] == tok and a < t:
+                    raise _Wrong(f"{where} and {A[i, a]:.2f} on key {a}, an older occurrence "
+                                 f"of token {tok}: among equal tokens the most recent must win; "
+                                 "add a score that grows with the key's position")
+                if a == 0 and t != 0:
+                    raise _Wrong(f"{where} and {A[i, 0]:.2f} on BOS (key 0), though token "
+                                 f"{tok} appeared at position {t}: a same-token key must score "
+                                 "higher than BOS")
+                if t == 0:
+                    raise _Wrong(f"{where} (BOS) and {A[i, a]:.2f} on key {a}: token {tok} "
+                                 "has not appeared before, so the query should rest on BOS; "
+                                 "give BOS's key a bonus larger than any other key's score "
+                                 "when no token matches")
+                raise _Wrong(f"{where} and {A[i, a]:.2f} on key {a} (token {tokens[a]}), "
+                             f"which is not token {tok}: the same-token score must beat every "
+                             "other term")
+    return "every query finds the latest earlier copy of its token, or BOS: a duplicate-token head."
 
+
+# --------------------------------------------------------------------------------------------
+# 4.3 Count the parameters of an attention layer from its config
+# --------------------------------------------------------------------------------------------
+_CONFIG_CASES = (
+    # GPT-2 small: no grouped-query attention, head_dim from hidden_size, biases
+    {"hidden_size": 768, "num_attention_heads": 12, "num_key_value_heads": 12,
+     "head_dim": None, "attention_bias": True},
+    # grouped-query attention, head_dim from hidden_size, no biases
+    {"hidden_size": 512, "num_attention_heads": 8, "num_key_value_heads": 2,
+     "head_dim": None, "attention_bias": False},
+    # an explicit head_dim with H * head_dim != hidden_size (as in Gemma), biases
+    {"hidden_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
+     "head_dim": 40, "attention_bias": True},
+    # multi-query attention (one key/value head), an explicit head_dim, no biases
+    {"hidden_size": 60, "num_attention_heads": 6, "num_key_value_heads": 1,
+     "head_dim": 14, "attention_bias": False},
+)
+
+
+def _layer_count(d, H, H_kv, hd, bias, *, kv_heads=None, kv_width=None, o_bias=None, with_o=True,
+                 n_kv=2, per_head_square=False, o_rows=None):
+    """The parameter count, with the knobs the typical mistakes turn."""
+    q = H * hd
+    kv = kv_width if kv_width is not None else (kv_heads if kv_heads is not None else H_kv) * hd
+    if per_head_square:  # every head a full d x d matrix
+        return H * (3 * (d * d + (d if bias else 0))) + d * d + (d if bias else 0)
+    n = d * q + n_kv * d * kv + ((o_rows if o_rows is not None else q) * d if with_o else 0)
+    if bias:
+        n += q + n_kv * kv + ((o_bias if o_bias is not None else d) if with_o else 0)
+    return n
+
+
+def _config_mistakes(cfg: dict) -> list[tuple[str, int]]:
+    d, H, H_kv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = cfg["head_dim"] if cfg["head_dim"] is not None else d // H
+    bias = cfg["attention_bias"]
+    return [
+        ("keys and values have num_key_value_heads heads, not num_attention_heads: with "
+         "grouped-query attention a group of query heads shares one key/value head, so W_k and "
+         "W_v are (hidden_size, num_key_value_heads * head_dim)",
+         _layer_count(d, H, H_kv, hd, bias, kv_heads=H)),
+        ("W_k and W_v have num_key_value_heads * head_dim columns, not hidden_size // "
+         "num_key_value_heads", _layer_count(d, H, H_kv, hd, bias, kv_width=d // H_kv)),
+        ("W_k and W_v have num_key_value_heads heads of head_dim features each: you counted "
+         "num_key_value_heads columns (multiply by head_dim)",
+         _layer_count(d, H, H_kv, hd, bias, kv_width=H_kv)),
+        ("when the config gives head_dim, use it: hidden_size // num_attention_heads is only the "
+         "default for head_dim = None (here num_attention_heads * head_dim != hidden_size)",
+         _layer_count(d, H, H_kv, d // H, bias)),
+        ("forgot the output projection W_o (num_attention_heads * head_dim, hidden_size), and its "
+         "bias when attention_bias", _layer_count(d, H, H_kv, hd, bias, with_o=False)),
+        ("forgot the value projection W_v: keys and values each have their own matrix",
+         _layer_count(d, H, H_kv, hd, bias, n_kv=1)),
+        ("forgot the biases: with attention_bias = True every projection has one bias per "
+         "output feature", _layer_count(d, H, H_kv, hd, False) if bias else None),
+        ("attention_bias = False means no bias vectors at all",
+         _layer_count(d, H, H_kv, hd, True) if not bias else None),
+        ("W_o's bias has one entry per OUTPUT feature, hidden_size of them, not "
+         "num_attention_heads * head_dim", _layer_count(d, H, H_kv, hd, bias, o_bias=H * hd)),
+        ("W_o maps the concatenated query heads, num_attention_heads * head_dim features, back "
+         "to hidden_size: it has num_attention_heads * head_dim rows, not hidden_size "
+         "(they differ when the config gives head_dim)",
+         _layer_count(d, H, H_kv, hd, bias, o_rows=d)),
+        ("the heads split the projections' columns between them; a head is not a full "
+         "hidden_size x hidden_size matrix", _layer_count(d, H, H_kv, hd, bias,
+                                                          per_head_square=True)),
+    ]
+
+
+def attention_parameter_count(cfg: dict) -> int:
+    """The reference: W_q, W_k, W_v, W_o (and their biases) of one attention layer."""
+    d, H, H_kv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = cfg["head_dim"] if cfg["head_dim"] is not None else d // H
+    return _layer_count(d, H, H_kv, hd, cfg["attention_bias"])
+
+
+@_checker
+def check_attention_parameters(attention_parameters):
+    """``attention_parameters(config)`` -> the number of parameters of one attention layer
+    (W_q, W_k, W_v, W_o, and a bias on each when ``attention_bias``) for a config dict with
+    ``hidden_size``, ``num_attention_heads``, ``num_key_value_heads``, ``head_dim`` (None:
+    ``hidden_size // num_attention_heads``) and ``attention_bias``."""
+    answers = []
+    for cfg in _CONFIG_CASES:
+        ans = _call(attention_parameters, dict(cfg), name="attention_parameters",
+                    on_error=f"on the config {cfg}")
+        answers.append(_whole_number(ans, "the number of parameters"))
+    refs = [attention_parameter_count(cfg) for cfg in _CONFIG_CASES]
+    if answers == refs:
+        return (f"GPT-2 small: {refs[0]:,} parameters per attention layer; the grouped-query "
+                f"config: {refs[1]:,}.")
+    if len(set(answers)) == 1:
+        raise _Wrong(f"you returned {answers[0]:,} for every config: compute the count from the "
+                     "config's numbers")
+    mistakes = [_config_mistakes(cfg) for cfg in _CONFIG_CASES]
+    for k, (hint, _) in enumerate(mistakes[0]):
+        values = [m[k][1] for m in mistakes]
+        # a mistake that changes nothing for a config (e.g. GQA when H_kv = H) predicts the
+        # right count there; it is named when the answers match it on every config
+        values = [v if v is not None else r for v, r in zip(values, refs, strict=True)]
+        if answers == values:
+            raise _Wrong(hint)
+    wrong = next(k for k, (a, r) in enumerate(zip(answers, refs, strict=True)) if a != r)
+    raise _Wrong(f"for the config {_CONFIG_CASES[wrong]} you returned {answers[wrong]:,}, which "
+                 "is not the count: add up W_q (hidden_size, num_attention_heads * head_dim), "
+                 "W_k and W_v (hidden_size, num_key_value_heads * head_dim each), W_o, and the "
+                 "biases when attention_bias")

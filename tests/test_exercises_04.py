@@ -1,0 +1,393 @@
+"""The checkers of notebook 04 (shared.exercises.nb04): each accepts a correct answer, says "not
+attempted yet" for the shipped stub, and rejects typical wrong answers with the hint that names the
+mistake. The answers here are written independently of the checkers (PyTorch's SDPA and
+nn.MultiheadAttention, and hand-derived counts)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from shared import exercises as ex
+from shared.exercises import nb04
+from shared.heads import merge_heads, split_heads
+
+NA, OK = "not attempted yet", "correct!"
+
+
+def stub(*args, **kwargs):
+    # TODO: your code here
+    return None
+
+
+# 4.1 ------------------------------------------------------------------------------------------
+def mh(X, W_q, W_k, W_v, W_o, num_heads, *, v_view=False, div=None, mask="causal", dim=-1,
+       merge_reshape=False, v_split_noncontig=False):
+    """Causal multi-head attention, written the notebook's way, with switches for the mistakes."""
+    B, T, _ = X.shape
+    Q, K = split_heads(X @ W_q, num_heads), split_heads(X @ W_k, num_heads)
+    V = (X @ W_v).view(B, num_heads, T, -1) if v_view else split_heads(X @ W_v, num_heads)
+    d_k = Q.shape[-1]
+    scores = Q @ K.transpose(-2, -1) / (math.sqrt(d_k) if div is None else div(X, W_q, W_v, num_heads))
+    may_attend = torch.ones(T, T, dtype=torch.bool).tril()
+    if mask == "causal":
+        scores = scores.masked_fill(~may_attend, float("-inf"))
+    elif mask == "inverted":
+        scores = scores.masked_fill(may_attend, float("-inf"))
+    context = torch.softmax(scores, dim=dim) @ V
+    return (context.reshape(B, T, -1) if merge_reshape else merge_heads(context)) @ W_o
+
+
+def mh_ok(X, W_q, W_k, W_v, W_o, num_heads):
+    return mh(X, W_q, W_k, W_v, W_o, num_heads)
+
+
+def mh_sdpa_float32(X, W_q, W_k, W_v, W_o, num_heads):
+    X, W_q, W_k, W_v, W_o = (t.float() for t in (X, W_q, W_k, W_v, W_o))
+    q, k, v = (split_heads(X @ W, num_heads) for W in (W_q, W_k, W_v))
+    return merge_heads(F.scaled_dot_product_attention(q, k, v, is_causal=True)) @ W_o
+
+
+def mh_buggy(X, W_q, W_k, W_v, W_o, num_heads):  # the code as shipped in the notebook
+    return mh(X, W_q, W_k, W_v, W_o, num_heads, v_view=True, merge_reshape=True,
+              div=lambda X, W_q, W_v, H: math.sqrt(W_q.shape[1]))
+
+
+def mh_only_v_fixed(X, W_q, W_k, W_v, W_o, num_heads):
+    return mh(X, W_q, W_k, W_v, W_o, num_heads, merge_reshape=True,
+              div=lambda X, W_q, W_v, H: math.sqrt(W_q.shape[1]))
+
+
+def mh_merge_left(X, W_q, W_k, W_v, W_o, num_heads):
+    return mh(X, W_q, W_k, W_v, W_o, num_heads, merge_reshape=True)
+
+
+def mh_scale_d_in(X, W_q, W_k, W_v, W_o, num_heads):
+    return mh(X, W_q, W_k, W_v, W_o, num_heads, div=lambda X, W_q, W_v, H: math.sqrt(X.shape[-1]))
+
+
+def mh_scale_d_v(X, W_q, W_k, W_v, W_o, num_heads):
+    return mh(X, W_q, W_k, W_v, W_o, num_heads,
+              div=lambda X, W_q, W_v, H: math.sqrt(W_v.shape[1] // H))
+
+
+def mh_scale_no_root(X, W_q, W_k, W_v, W_o, num_heads):
+    return mh(X, W_q, W_k, W_v, W_o, num_heads, div=lambda X, W_q, W_v, H: W_q.shape[1] // H)
+
+
+def mh_unscaled(X, W_q, W_k, W_v, W_o, num_heads):
+    return mh(X, W_q, W_k, W_v, W_o, num_heads, div=lambda *a: 1.0)
+
+
+def mh_inverted_mask(X, W_q, W_k, W_v, W_o, num_heads):
+    return mh(X, W_q, W_k, W_v, W_o, num_heads, mask="inverted")
+
+
+def mh_no_mask(X, W_q, W_k, W_v, W_o, num_heads):
+    return mh(X, W_q, W_k, W_v, W_o, num_heads, mask="none")
+
+
+def mh_softmax_dim(X, W_q, W_k, W_v, W_o, num_heads):
+    return mh(X, W_q, W_k, W_v, W_o, num_heads, dim=-2)
+
+
+def mh_merge_view_error(X, W_q, W_k, W_v, W_o, num_heads):  # .view after transpose raises
+    B, T, _ = X.shape
+    q, k, v = (split_heads(X @ W, num_heads) for W in (W_q, W_k, W_v))
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).view(B, T, -1) @ W_o
+
+
+def mh_in_place(X, W_q, W_k, W_v, W_o, num_heads):
+    W_q /= math.sqrt(W_q.shape[1] // num_heads)  # scales the caller's matrix
+    return mh(X, W_q, W_k, W_v, W_o, num_heads, div=lambda *a: 1.0)
+
+
+def mh_with_weights(X, W_q, W_k, W_v, W_o, num_heads):
+    return mh_ok(X, W_q, W_k, W_v, W_o, num_heads), None
+
+
+def mh_other(X, W_q, W_k, W_v, W_o, num_heads):
+    return mh_ok(X, W_q, W_k, W_v, W_o, num_heads) * 1.1
+
+
+# 4.2 ------------------------------------------------------------------------------------------
+def dup_weights(V, T, *, same=None, step=None, bos=None, self_penalty=None, scale=1.0):
+    """W_q, W_k with the four score terms of the duplicate-token head (None = a sensible value).
+
+    Features of a query/key: V for "same token", 1 for position/BOS terms, T for "itself"."""
+    d_k = V + 1 + T
+    u = math.sqrt(d_k)
+    step = 5 * u if step is None else step
+    bos = step * T + 5 * u if bos is None else bos
+    same = bos + 5 * u if same is None else same
+    self_penalty = 2 * (same + bos + step * T) if self_penalty is None else self_penalty
+    W_q, W_k = np.zeros((V + T, d_k)), np.zeros((V + T, d_k))
+    W_q[:V, :V] = same * np.eye(V)  # query: its token, scaled
+    W_k[:V, :V] = np.eye(V)  # key: its token
+    W_q[V:, V] = 1.0  # the position one-hots sum to 1: a constant feature for every query
+    positions = np.arange(T)
+    W_k[V:, V] = step * positions  # later keys score higher
+    W_k[0, V] += bos  # BOS's key: a bonus
+    W_q[V:, V + 1:] = -self_penalty * np.eye(T)  # query i: -penalty on key i ...
+    W_k[V:, V + 1:] = np.eye(T)  # ... which carries its one-hot position
+    return W_q * scale, W_k
+
+
+def dup_ok(vocab_size, T):
+    return dup_weights(vocab_size, T)
+
+
+def dup_torch(vocab_size, T):
+    return tuple(torch.tensor(w, dtype=torch.float32) for w in dup_weights(vocab_size, T))
+
+
+def dup_weak(vocab_size, T):
+    return dup_weights(vocab_size, T, scale=0.05)
+
+
+def dup_no_self_penalty(vocab_size, T):
+    return dup_weights(vocab_size, T, self_penalty=0.0)
+
+
+def dup_no_recency(vocab_size, T):
+    return dup_weights(vocab_size, T, step=0.0, bos=50.0)
+
+
+def dup_oldest_first(vocab_size, T):  # position score falls with the key's position
+    u = math.sqrt(vocab_size + 1 + T)
+    return dup_weights(vocab_size, T, step=-5 * u, bos=5 * u, same=5 * u * T + 10 * u,
+                       self_penalty=1e4)
+
+
+def dup_bos_too_big(vocab_size, T):
+    W_q, W_k = dup_weights(vocab_size, T)
+    W_k[0, vocab_size] *= 10
+    return W_q, W_k
+
+
+def dup_no_bos(vocab_size, T):
+    return dup_weights(vocab_size, T, bos=0.0)
+
+
+def dup_same_too_small(vocab_size, T):  # the token match does not beat BOS
+    return dup_weights(vocab_size, T, same=1.0)
+
+
+def dup_transposed(vocab_size, T):
+    W_q, W_k = dup_weights(vocab_size, T)
+    return W_q.T, W_k.T
+
+
+def dup_inf(vocab_size, T):
+    W_q, W_k = dup_weights(vocab_size, T)
+    W_q[0, 0] = np.inf
+    return W_q, W_k
+
+
+def dup_overflow(vocab_size, T):
+    W_q, W_k = dup_weights(vocab_size, T)
+    return W_q * 1e200, W_k * 1e200  # finite, but the scores overflow
+
+
+def dup_one_matrix(vocab_size, T):
+    return dup_weights(vocab_size, T)[0]
+
+
+# 4.3 ------------------------------------------------------------------------------------------
+def params_ok(config):
+    d, H = config["hidden_size"], config["num_attention_heads"]
+    H_kv, bias = config["num_key_value_heads"], config["attention_bias"]
+    hd = config["head_dim"] or d // H
+    q_proj = torch.nn.Linear(d, H * hd, bias=bias)  # counted by PyTorch itself
+    kv_proj = torch.nn.Linear(d, H_kv * hd, bias=bias)
+    o_proj = torch.nn.Linear(H * hd, d, bias=bias)
+    n = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    return n(q_proj) + 2 * n(kv_proj) + n(o_proj)
+
+
+def params_float(config):
+    return float(params_ok(config))
+
+
+def params_text(config):
+    return str(params_ok(config))
+
+
+def params_fixed(config):
+    return 2_362_368
+
+
+def params_no_gqa(config):
+    return params_ok({**config, "num_key_value_heads": config["num_attention_heads"]})
+
+
+def params_kv_width(config):  # hidden_size // num_key_value_heads as the width of W_k, W_v
+    d, H, H_kv = config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"]
+    hd = config["head_dim"] or d // H
+    b = config["attention_bias"]
+    kv = d // H_kv
+    return d * H * hd + 2 * d * kv + H * hd * d + (H * hd + 2 * kv + d if b else 0)
+
+
+def params_ignores_head_dim(config):
+    return params_ok({**config, "head_dim": None})
+
+
+def params_no_out_proj(config):
+    d, H, H_kv = config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"]
+    hd = config["head_dim"] or d // H
+    b = config["attention_bias"]
+    return d * H * hd + 2 * d * H_kv * hd + (H * hd + 2 * H_kv * hd if b else 0)
+
+
+def params_no_bias(config):
+    return params_ok({**config, "attention_bias": False})
+
+
+def params_always_bias(config):
+    return params_ok({**config, "attention_bias": True})
+
+
+def params_o_bias_wrong(config):
+    d, H = config["hidden_size"], config["num_attention_heads"]
+    hd = config["head_dim"] or d // H
+    return params_ok(config) + ((H * hd - d) if config["attention_bias"] else 0)
+
+
+def params_square_o(config):  # W_o taken as hidden_size x hidden_size
+    d, H = config["hidden_size"], config["num_attention_heads"]
+    hd = config["head_dim"] or d // H
+    return params_ok(config) - H * hd * d + d * d
+
+
+def params_gpt2_formula(config):  # 4 d^2 + 4 d: right for GPT-2 only
+    d = config["hidden_size"]
+    return 4 * d * d + (4 * d if config["attention_bias"] else 0)
+
+
+def params_raises(config):
+    return config["num_kv_heads"]  # a key the config does not have
+
+
+CASES = [
+    (ex.check_fixed_multi_head, (mh_ok,), True, OK),
+    (ex.check_fixed_multi_head, (mh_sdpa_float32,), True, OK),
+    (ex.check_fixed_multi_head, (stub,), None, NA),
+    (ex.check_fixed_multi_head, (mh_buggy,), False, "3 of the 3 planted bugs are still there"),
+    (ex.check_fixed_multi_head, (mh_only_v_fixed,), False, "2 of the 3 planted bugs"),
+    (ex.check_fixed_multi_head, (mh_merge_left,), False, "1 of the 3 planted bugs is still there; the heads are merged"),
+    (ex.check_fixed_multi_head, (mh_scale_d_in,), False, "divided by sqrt(d_in)"),
+    (ex.check_fixed_multi_head, (mh_scale_d_v,), False, "divided by sqrt(d_v)"),
+    (ex.check_fixed_multi_head, (mh_scale_no_root,), False, "by d_k without the square root"),
+    (ex.check_fixed_multi_head, (mh_unscaled,), False, "not scaled at all"),
+    (ex.check_fixed_multi_head, (mh_inverted_mask,), False, "(~may_attend)"),
+    (ex.check_fixed_multi_head, (mh_no_mask,), False, "causal mask is gone"),
+    (ex.check_fixed_multi_head, (mh_softmax_dim,), False, "softmax over the wrong dim"),
+    (ex.check_fixed_multi_head, (mh_merge_view_error,), False, "on X (2, 5, 7), num_heads = 3"),
+    (ex.check_fixed_multi_head, (mh_in_place,), False, "changed W_q in place"),
+    (ex.check_fixed_multi_head, (mh_other,), False, "not in a way the checker recognises"),
+    (ex.check_fixed_multi_head, (mh_with_weights,), False, "not a tuple"),
+    (ex.check_duplicate_token_head, (dup_ok,), True, OK),
+    (ex.check_duplicate_token_head, (dup_torch,), True, OK),
+    (ex.check_duplicate_token_head, (stub,), None, NA),
+    (ex.check_duplicate_token_head, (dup_weak,), False, "the right key, but not 0.9"),
+    (ex.check_duplicate_token_head, (dup_no_self_penalty,), False, "on itself"),
+    (ex.check_duplicate_token_head, (dup_no_recency,), False, "the most recent must win"),
+    (ex.check_duplicate_token_head, (dup_oldest_first,), False, "the most recent must win"),
+    (ex.check_duplicate_token_head, (dup_bos_too_big,), False, "must score higher than BOS"),
+    (ex.check_duplicate_token_head, (dup_no_bos,), False, "should rest on BOS"),
+    (ex.check_duplicate_token_head, (dup_same_too_small,), False, "must score higher than BOS"),
+    (ex.check_duplicate_token_head, (dup_transposed,), False, "looks transposed"),
+    (ex.check_duplicate_token_head, (dup_inf,), False, "not inf"),
+    (ex.check_duplicate_token_head, (dup_one_matrix,), False, "return the pair (W_q, W_k)"),
+    (ex.check_duplicate_token_head, (dup_overflow,), False, "overflow to inf"),
+    (ex.check_attention_parameters, (params_ok,), True, "2,362,368"),
+    (ex.check_attention_parameters, (params_float,), True, OK),
+    (ex.check_attention_parameters, (stub,), None, NA),
+    (ex.check_attention_parameters, (params_text,), False, "not a string"),
+    (ex.check_attention_parameters, (params_fixed,), False, "for every config"),
+    (ex.check_attention_parameters, (params_no_gqa,), False, "not num_attention_heads"),
+    (ex.check_attention_parameters, (params_kv_width,), False, "not hidden_size // num_key_value_heads"),
+    (ex.check_attention_parameters, (params_ignores_head_dim,), False, "when the config gives head_dim"),
+    (ex.check_attention_parameters, (params_no_out_proj,), False, "forgot the output projection"),
+    (ex.check_attention_parameters, (params_no_bias,), False, "forgot the biases"),
+    (ex.check_attention_parameters, (params_always_bias,), False, "no bias vectors at all"),
+    (ex.check_attention_parameters, (params_o_bias_wrong,), False, "one entry per OUTPUT feature"),
+    (ex.check_attention_parameters, (params_square_o,), False, "not hidden_size (they differ"),
+    (ex.check_attention_parameters, (params_gpt2_formula,), False, "which is not the count"),
+    (ex.check_attention_parameters, (params_raises,), False, "on the config {'hidden_size': 768"),
+]
+
+
+def _id(case):
+    checker, answers, _, _ = case
+    return f"{checker.__name__}-{'+'.join(getattr(a, '__name__', repr(a)) for a in answers)}"
+
+
+@pytest.mark.parametrize("checker, answers, expected, phrase", CASES, ids=[_id(c) for c in CASES])
+def test_checker(capsys, checker, answers, expected, phrase):
+    result = checker(*answers)
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1, out
+    assert result.passed is expected, out
+    assert phrase in out, out
+    assert out.startswith({True: OK, False: "not quite:", None: NA}[expected]), out
+
+
+def test_every_checker_is_covered():
+    for name in nb04.__all__:
+        results = [c[2] for c in CASES if c[0].__name__ == name]
+        assert True in results and None in results and results.count(False) >= 4, name
+
+
+def test_odd_answers_never_crash(capsys):
+    for name in nb04.__all__:
+        for answer in (None, 3, "text", lambda *a: "text", lambda *a: (1, 2), lambda *a: np.zeros(0)):
+            result = getattr(ex, name)(answer)
+            out = capsys.readouterr().out
+            assert result.passed in (None, False) and out.count("\n") == 1, (name, out)
+
+
+def test_multi_head_variants_are_all_different_on_every_hidden_case():
+    """No two mistakes 4.1 can name give the same output on a hidden case (else a hint could lie)."""
+    rng = nb04._rng(401)
+    for case in nb04._MH_CASES:
+        args = nb04._multi_head_case(rng, case)
+        outs = [nb04._multi_head_variant(*args, case[3], *v) for v in nb04._VARIANTS]
+        for i in range(len(outs)):
+            for j in range(i + 1, len(outs)):
+                assert not nb04._close(outs[i], outs[j]), (case, nb04._VARIANTS[i], nb04._VARIANTS[j])
+
+
+def test_multi_head_reference_is_pytorchs():
+    """The checker's reference (float64 NumPy) equals SDPA on the split heads."""
+    rng = nb04._rng(0)
+    for case in nb04._MH_CASES:
+        args = nb04._multi_head_case(rng, case)
+        ref = nb04._multi_head_variant(*args, case[3], *nb04._RIGHT)
+        ours = mh_sdpa_float32(*(torch.from_numpy(a).double() for a in args), case[3])
+        assert np.allclose(ref, ours.numpy(), atol=1e-5)
+
+
+def test_config_mistakes_are_distinguishable():
+    """Each named mistake gives its own vector of counts over the hidden configs, never the right
+    one, and the hand-derived counts hold: GPT-2 small 4 d^2 + 4 d, the GQA config by hand."""
+    refs = [nb04.attention_parameter_count(c) for c in nb04._CONFIG_CASES]
+    assert refs == [params_ok(c) for c in nb04._CONFIG_CASES]
+    assert refs[0] == 4 * 768 ** 2 + 4 * 768 == 2_362_368
+    assert refs[1] == 512 * 512 + 2 * 512 * 2 * 64 + 512 * 512  # W_q, W_k and W_v (2 heads), W_o
+    table = [nb04._config_mistakes(c) for c in nb04._CONFIG_CASES]
+    vectors = [tuple(t[k][1] if t[k][1] is not None else r for t, r in zip(table, refs, strict=True))
+               for k in range(len(table[0]))]
+    assert len(set(vectors)) == len(vectors)
+    assert tuple(refs) not in vectors
+
+
+def test_duplicate_token_target_by_hand():
+    assert nb04.duplicate_token_target([0, 1, 2, 1, 3, 1, 2]).tolist() == [0, 0, 0, 1, 0, 3, 2]
+    X = nb04.duplicate_token_inputs([0, 2, 1], 3)
+    assert X.tolist() == [[1, 0, 0, 1, 0, 0], [0, 0, 1, 0, 1, 0], [0, 1, 0, 0, 0, 1]]

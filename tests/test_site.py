@@ -2,8 +2,8 @@
 search that finds them, launch buttons and an .ipynb download on every page, the stored figures
 with their alt text, math from a local MathJax copy (nothing from the network), and no broken link.
 
-The site is built once, from the course as it is, with the site's own environment (.venv-site,
-which `make test` creates first). What a reader sees in a browser (search results, typeset math,
+The site is built once per state of the course (tests/site_build.py), with the site's own
+environment (.venv-site, which `make test` creates first). What a reader sees in a browser (search results, typeset math,
 decoded figures, with the network blocked) is checked in tests/test_ui.py.
 """
 
@@ -20,11 +20,11 @@ from urllib.parse import unquote, urlsplit
 import nbformat
 import pytest
 
+from tests.site_build import built_site
 from tools import course, site
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = site.course_notebooks()
-SITE_PYTHON = ROOT / ".venv-site" / "bin" / "python"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -75,18 +75,9 @@ def page_of(out: Path, notebook: Path) -> Path:
     return out / notebook.relative_to(ROOT).with_suffix(".html")
 
 
-def build_site(out: Path) -> Path:
-    if not SITE_PYTHON.exists():
-        pytest.fail("the site's environment is missing: `make test` creates it (`make site-venv`)")
-    done = subprocess.run([str(SITE_PYTHON), "-m", "tools.site", "--out", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return out
-
-
 @pytest.fixture(scope="module")
-def built(tmp_path_factory) -> Path:
-    return build_site(tmp_path_factory.mktemp("site") / "site")
+def built() -> Path:
+    return built_site()
 
 
 def test_the_sidebar_lists_every_notebook_in_series_order_in_three_parts(built):

@@ -640,8 +640,6 @@ def test_nothing_was_saved(session):
 # --------------------------------------------------------------------------------------------
 # The book site (make html), read in the same browser with the network blocked
 # --------------------------------------------------------------------------------------------
-SITE_PYTHON = ROOT / ".venv-site" / "bin" / "python"
-
 SITE_PAGE_JS = """
 const main = document.querySelector('main') || document.body;
 const imgs = [...main.querySelectorAll('img')].filter(i => i.src.includes('/_images/'));
@@ -658,20 +656,20 @@ return {
 
 
 @pytest.fixture(scope="module")
-def served_site(tmp_path_factory, browser_available):
-    """The site, built from the course as it is, served from 127.0.0.1 on a free port."""
+def served_site(browser_available):
+    """The site (built once per state of the course), served from 127.0.0.1 on a free port."""
     import functools
     import http.server
     import threading
 
-    if not SITE_PYTHON.exists():
-        pytest.fail("the site's environment is missing: `make test` creates it (`make site-venv`)")
-    out = tmp_path_factory.mktemp("book") / "site"
-    done = subprocess.run([str(SITE_PYTHON), "-m", "tools.site", "--out", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(out))
-    handler.log_message = lambda *args: None
+    from tests.site_build import built_site
+
+    out = built_site()
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args) -> None:  # no request log in the test output
+            pass
+
+    handler = functools.partial(Quiet, directory=str(out))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:

@@ -1,18 +1,22 @@
 """The checkers of notebook 08: each accepts a reference solution, says "not attempted yet" for the
 shipped stub, and rejects typical wrong answers with the hint for that mistake. The reference
-solutions here are written independently of the checkers."""
+solutions here are written independently of the checkers and checked against PyTorch
+(``causal_lower_right``), ``shared.generation.KVCache`` and published numbers."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from shared import exercises as ex
 from shared.exercises import nb08
+from shared.generation import KVCache, kv_cache_bytes
 
 
 def stub(*args, **kwargs):
@@ -25,81 +29,66 @@ def stub_raises(*args, **kwargs):
 
 
 # 8.1 ------------------------------------------------------------------------------------------
-def decode_ok(q, k_new, v_new, K_cache, V_cache):
+def prefill_ok(Q_new, k_new, v_new, K_cache, V_cache):
     K_cache = torch.cat([K_cache, k_new], dim=-2)
     V_cache = torch.cat([V_cache, v_new], dim=-2)
-    out = F.scaled_dot_product_attention(q, K_cache, V_cache)
+    out = F.scaled_dot_product_attention(Q_new, K_cache, V_cache,
+                                         attn_mask=causal_lower_right(Q_new.shape[2], K_cache.shape[2]))
     return out, K_cache, V_cache
 
 
-def decode_list(q, k_new, v_new, K_cache, V_cache):  # a list instead of a tuple is fine
-    return list(decode_ok(q, k_new, v_new, K_cache, V_cache))
+def prefill_list(*args):  # a list instead of a tuple is fine
+    return list(prefill_ok(*args))
 
 
-def decode_is_causal(q, k_new, v_new, K_cache, V_cache):
-    K_cache = torch.cat([K_cache, k_new], dim=-2)
-    V_cache = torch.cat([V_cache, v_new], dim=-2)
-    return F.scaled_dot_product_attention(q, K_cache, V_cache, is_causal=True), K_cache, V_cache
+def _prefill_with_mask(mask_fn, scale=None, before=False):
+    def prefill(Q_new, k_new, v_new, K_cache, V_cache):
+        K_all, V_all = torch.cat([K_cache, k_new], dim=-2), torch.cat([V_cache, v_new], dim=-2)
+        K_att, V_att = (K_cache, V_cache) if before else (K_all, V_all)
+        T_q, T_k = Q_new.shape[2], K_att.shape[2]
+        scores = Q_new @ K_att.transpose(-2, -1) / math.sqrt(scale or Q_new.shape[-1])
+        mask = mask_fn(T_q, T_k)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        return torch.softmax(scores, dim=-1) @ V_att, K_all, V_all
+    return prefill
 
 
-def decode_attend_before_append(q, k_new, v_new, K_cache, V_cache):
-    out = F.scaled_dot_product_attention(q, K_cache, V_cache)
-    return out, torch.cat([K_cache, k_new], dim=-2), torch.cat([V_cache, v_new], dim=-2)
+prefill_top_left = _prefill_with_mask(lambda T_q, T_k: torch.ones(T_q, T_k, dtype=torch.bool).tril())
+prefill_no_mask = _prefill_with_mask(lambda T_q, T_k: None)
+prefill_no_diagonal = _prefill_with_mask(
+    lambda T_q, T_k: torch.ones(T_q, T_k, dtype=torch.bool).tril(diagonal=T_k - T_q - 1))
+prefill_before_append = _prefill_with_mask(lambda T_q, T_k: None, before=True)
+prefill_unscaled = _prefill_with_mask(
+    lambda T_q, T_k: torch.ones(T_q, T_k, dtype=torch.bool).tril(diagonal=T_k - T_q), scale=1)
 
 
-def decode_unscaled(q, k_new, v_new, K_cache, V_cache):
-    K_cache = torch.cat([K_cache, k_new], dim=-2)
-    V_cache = torch.cat([V_cache, v_new], dim=-2)
-    return torch.softmax(q @ K_cache.transpose(-2, -1), dim=-1) @ V_cache, K_cache, V_cache
+def prefill_prepend(Q_new, k_new, v_new, K_cache, V_cache):
+    out, _, _ = prefill_ok(Q_new, k_new, v_new, K_cache, V_cache)
+    return out, torch.cat([k_new, K_cache], dim=-2), torch.cat([v_new, V_cache], dim=-2)
 
 
-def decode_softmax_wrong_dim(q, k_new, v_new, K_cache, V_cache):
-    K_cache = torch.cat([K_cache, k_new], dim=-2)
-    V_cache = torch.cat([V_cache, v_new], dim=-2)
-    w = torch.softmax(q @ K_cache.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-2)
-    return w @ V_cache, K_cache, V_cache
+def prefill_no_append(Q_new, k_new, v_new, K_cache, V_cache):
+    out, _, _ = prefill_ok(Q_new, k_new, v_new, K_cache, V_cache)
+    return out, K_cache, V_cache
 
 
-def decode_prepend(q, k_new, v_new, K_cache, V_cache):
-    K_cache = torch.cat([k_new, K_cache], dim=-2)
-    V_cache = torch.cat([v_new, V_cache], dim=-2)
-    return F.scaled_dot_product_attention(q, K_cache, V_cache), K_cache, V_cache
-
-
-def decode_replace(q, k_new, v_new, K_cache, V_cache):
-    return F.scaled_dot_product_attention(q, k_new, v_new), k_new, v_new
-
-
-def decode_heads_dim(q, k_new, v_new, K_cache, V_cache):
-    K_cache = torch.cat([K_cache, k_new], dim=1)
-    V_cache = torch.cat([V_cache, v_new], dim=1)
-    return q, K_cache, V_cache
-
-
-def decode_no_append(q, k_new, v_new, K_cache, V_cache):
-    return F.scaled_dot_product_attention(q, K_cache, V_cache), K_cache, V_cache
-
-
-def decode_out_only(q, k_new, v_new, K_cache, V_cache):
-    return decode_ok(q, k_new, v_new, K_cache, V_cache)[0]
-
-
-def decode_weights(q, k_new, v_new, K_cache, V_cache):
-    K_cache = torch.cat([K_cache, k_new], dim=-2)
-    V_cache = torch.cat([V_cache, v_new], dim=-2)
-    w = torch.softmax(q @ K_cache.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
-    return w, K_cache, V_cache
+def prefill_out_only(*args):
+    return prefill_ok(*args)[0]
 
 
 # 8.2 ------------------------------------------------------------------------------------------
 def esize(dtype):
-    return torch.tensor([], dtype=dtype).element_size()
+    return {torch.float16: 2, torch.bfloat16: 2, torch.float32: 4, torch.float64: 8}[dtype]
+
+
+def head_dim(config):
+    return config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
 
 
 def bytes_ok(config, T, batch_size=1, dtype=torch.float16):
-    H = config["num_attention_heads"]
-    H_kv = config.get("num_key_value_heads", H)
-    return 2 * config["num_hidden_layers"] * batch_size * H_kv * T * (config["hidden_size"] // H) * esize(dtype)
+    H_kv = config.get("num_key_value_heads", config["num_attention_heads"])
+    return 2 * config["num_hidden_layers"] * batch_size * H_kv * T * head_dim(config) * esize(dtype)
 
 
 def bytes_no_two(config, T, batch_size=1, dtype=torch.float16):
@@ -108,7 +97,18 @@ def bytes_no_two(config, T, batch_size=1, dtype=torch.float16):
 
 def bytes_query_heads(config, T, batch_size=1, dtype=torch.float16):
     H = config["num_attention_heads"]
-    return 2 * config["num_hidden_layers"] * batch_size * H * T * (config["hidden_size"] // H) * esize(dtype)
+    return 2 * config["num_hidden_layers"] * batch_size * H * T * head_dim(config) * esize(dtype)
+
+
+def bytes_hidden_over_kv(config, T, batch_size=1, dtype=torch.float16):
+    H_kv = config.get("num_key_value_heads", config["num_attention_heads"])
+    return 2 * config["num_hidden_layers"] * batch_size * H_kv * T * (config["hidden_size"] // H_kv) * esize(dtype)
+
+
+def bytes_ignores_head_dim(config, T, batch_size=1, dtype=torch.float16):
+    H = config["num_attention_heads"]
+    H_kv = config.get("num_key_value_heads", H)
+    return 2 * config["num_hidden_layers"] * batch_size * H_kv * T * (config["hidden_size"] // H) * esize(dtype)
 
 
 def bytes_elements(config, T, batch_size=1, dtype=torch.float16):
@@ -116,8 +116,7 @@ def bytes_elements(config, T, batch_size=1, dtype=torch.float16):
 
 
 def bytes_hidden_size(config, T, batch_size=1, dtype=torch.float16):
-    H = config["num_attention_heads"]
-    H_kv = config.get("num_key_value_heads", H)
+    H_kv = config.get("num_key_value_heads", config["num_attention_heads"])
     return 2 * config["num_hidden_layers"] * batch_size * H_kv * T * config["hidden_size"] * esize(dtype)
 
 
@@ -129,74 +128,115 @@ def bytes_no_batch(config, T, batch_size=1, dtype=torch.float16):
     return bytes_ok(config, T, 1, dtype)
 
 
+def bytes_gib(config, T, batch_size=1, dtype=torch.float16):
+    return bytes_ok(config, T, batch_size, dtype) / 2**30
+
+
 def bytes_key_error(config, T, batch_size=1, dtype=torch.float16):
-    H = config["num_attention_heads"]
     H_kv = config["num_key_value_heads"]
-    return 2 * config["num_hidden_layers"] * batch_size * H_kv * T * (config["hidden_size"] // H) * esize(dtype)
+    return 2 * config["num_hidden_layers"] * batch_size * H_kv * T * head_dim(config) * esize(dtype)
 
 
 # 8.3 ------------------------------------------------------------------------------------------
-def mask_ok(T, w):
-    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
-    return (j <= i) & (j > i - w)
+class RingOK:
+    """A true ring buffer: sinks + window preallocated slots; token p > sinks goes to slot
+    sinks + (p - sinks) % window."""
+
+    def __init__(self, window, sinks):
+        self.window, self.sinks, self.seen = window, sinks, 0
+        self.K = self.V = None
+
+    def slot(self, p):
+        return p if p < self.sinks else self.sinks + (p - self.sinks) % self.window
+
+    def update(self, k, v):
+        if self.K is None:
+            B, H, _, d = k.shape
+            self.K = k.new_zeros(B, H, self.sinks + self.window, d)
+            self.V = v.new_zeros(B, H, self.sinks + self.window, d)
+        s = self.slot(self.seen)
+        self.K[:, :, s], self.V[:, :, s] = k[:, :, 0], v[:, :, 0]
+        self.seen += 1
+        filled = min(self.seen, self.sinks + self.window)
+        return self.K[:, :, :filled], self.V[:, :, :filled]
 
 
-def mask_numpy(T, w):  # NumPy is fine too
-    return np.tril(np.ones((T, T), dtype=bool)) & ~np.tril(np.ones((T, T), dtype=bool), k=-w)
+class RingCat:
+    """The same tokens kept by concatenating and slicing (no fixed slots): also correct."""
+
+    def __init__(self, window, sinks):
+        self.window, self.sinks = window, sinks
+        self.K = self.V = None
+
+    def update(self, k, v):
+        self.K = k if self.K is None else torch.cat([self.K, k], dim=2)
+        self.V = v if self.V is None else torch.cat([self.V, v], dim=2)
+        if self.K.shape[2] > self.sinks + self.window:
+            keep = list(range(self.sinks)) + list(range(self.K.shape[2] - self.window, self.K.shape[2]))
+            self.K, self.V = self.K[:, :, keep], self.V[:, :, keep]
+        return self.K, self.V
 
 
-def mask_wide(T, w):
-    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
-    return (j <= i) & (j >= i - w)
+class RingNoSinks(RingOK):
+    def slot(self, p):
+        return p % (self.sinks + self.window)  # the sinks are overwritten like any other slot
+
+    def update(self, k, v):
+        K, V = super().update(k, v)
+        return K, V
 
 
-def mask_symmetric(T, w):
-    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
-    return (i - j).abs() < w
+class RingShort(RingOK):  # keeps window - 1 recent tokens
+    def __init__(self, window, sinks):
+        super().__init__(window - 1 if window > 1 else window, sinks)
 
 
-def mask_inverted(T, w):
-    return ~mask_ok(T, w)
+class RingAllSlots(RingOK):  # returns the slots not written yet (zeros) too
+    def update(self, k, v):
+        super().update(k, v)
+        return self.K, self.V
 
 
-def mask_causal_only(T, w):
-    return torch.ones(T, T, dtype=torch.bool).tril()
+class RingStub:
+    def __init__(self, window, sinks):
+        self.window, self.sinks, self.seen = window, sinks, 0
 
-
-def mask_float(T, w):
-    return mask_ok(T, w).float()
-
-
-def mask_transposed(T, w):
-    return mask_ok(T, w).T
-
-
-def mask_no_diagonal(T, w):
-    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
-    return (j < i) & (j > i - w)
+    def update(self, k, v):
+        # TODO: your code here
+        return None
 
 
 # 8.4 ------------------------------------------------------------------------------------------
-def expand_ok(K, num_heads):
-    B, H_kv, T, d = K.shape
-    g = num_heads // H_kv
-    return K[:, :, None].expand(B, H_kv, g, T, d).reshape(B, num_heads, T, d)
+def crossover_ok(config, num_params, batch_size=1, cache_dtype=torch.bfloat16, weight_dtype=torch.bfloat16):
+    per_token = bytes_ok(config, 1, batch_size, cache_dtype)
+    return num_params * esize(weight_dtype) // per_token + 1
 
 
-def expand_cycled(K, num_heads):
-    return K.repeat(1, num_heads // K.shape[1], 1, 1)
+def crossover_equal(config, num_params, batch_size=1, cache_dtype=torch.bfloat16, weight_dtype=torch.bfloat16):
+    return crossover_ok(config, num_params, batch_size, cache_dtype, weight_dtype) - 1
 
 
-def expand_tokens(K, num_heads):
-    return K.repeat_interleave(num_heads // K.shape[1], dim=2)
+def crossover_two_bytes(config, num_params, batch_size=1, cache_dtype=torch.bfloat16, weight_dtype=torch.bfloat16):
+    return crossover_ok(config, num_params, batch_size)
 
 
-def expand_unchanged(K, num_heads):
-    return K
+def crossover_params_not_bytes(config, num_params, batch_size=1, cache_dtype=torch.bfloat16,
+                               weight_dtype=torch.bfloat16):
+    return num_params // bytes_ok(config, 1, batch_size, cache_dtype) + 1
 
 
-def expand_too_many(K, num_heads):
-    return K.repeat_interleave(num_heads, dim=1)
+def crossover_no_batch(config, num_params, batch_size=1, cache_dtype=torch.bfloat16, weight_dtype=torch.bfloat16):
+    return crossover_ok(config, num_params, 1, cache_dtype, weight_dtype)
+
+
+def crossover_float(config, num_params, batch_size=1, cache_dtype=torch.bfloat16, weight_dtype=torch.bfloat16):
+    return num_params * esize(weight_dtype) / bytes_ok(config, 1, batch_size, cache_dtype)
+
+
+def crossover_query_heads(config, num_params, batch_size=1, cache_dtype=torch.bfloat16,
+                          weight_dtype=torch.bfloat16):
+    per_token = bytes_query_heads(config, 1, batch_size, cache_dtype)
+    return num_params * esize(weight_dtype) // per_token + 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,45 +244,44 @@ NA, OK = "not attempted yet", "correct!"
 CHECKERS = list(nb08.__all__)
 C = ex
 CASES = [
-    (C.check_decode_step, (decode_ok,), True, "decode steps"),
-    (C.check_decode_step, (decode_list,), True, OK),
-    (C.check_decode_step, (stub,), None, NA),
-    (C.check_decode_step, (stub_raises,), None, NA),
-    (C.check_decode_step, (decode_is_causal,), False, "is_causal=True"),
-    (C.check_decode_step, (decode_attend_before_append,), False, "attend AFTER appending"),
-    (C.check_decode_step, (decode_unscaled,), False, "sqrt(head_dim)"),
-    (C.check_decode_step, (decode_softmax_wrong_dim,), False, "softmax over the keys (dim=-1)"),
-    (C.check_decode_step, (decode_prepend,), False, "at the END of the cache"),
-    (C.check_decode_step, (decode_replace,), False, "concatenate, do not replace"),
-    (C.check_decode_step, (decode_heads_dim,), False, "append along the tokens, dim=-2"),
-    (C.check_decode_step, (decode_no_append,), False, "has the old shape"),
-    (C.check_decode_step, (decode_out_only,), False, "return three things"),
-    (C.check_decode_step, (decode_weights,), False, "those are the attention weights"),
+    (C.check_chunked_prefill, (prefill_ok,), True, "chunks of 3, 1, 4, 2 tokens"),
+    (C.check_chunked_prefill, (prefill_list,), True, OK),
+    (C.check_chunked_prefill, (stub,), None, NA),
+    (C.check_chunked_prefill, (stub_raises,), None, NA),
+    (C.check_chunked_prefill, (prefill_top_left,), False, "aligned top-left"),
+    (C.check_chunked_prefill, (prefill_no_mask,), False, "the future leaked"),
+    (C.check_chunked_prefill, (prefill_no_diagonal,), False, "see its own key too"),
+    (C.check_chunked_prefill, (prefill_before_append,), False, "attend AFTER appending"),
+    (C.check_chunked_prefill, (prefill_unscaled,), False, "sqrt(head_dim)"),
+    (C.check_chunked_prefill, (prefill_prepend,), False, "at the END of the cache"),
+    (C.check_chunked_prefill, (prefill_no_append,), False, "has the old shape"),
+    (C.check_chunked_prefill, (prefill_out_only,), False, "return three things"),
     (C.check_cache_bytes, (bytes_ok,), True, "1 GiB"),
     (C.check_cache_bytes, (stub,), None, NA),
     (C.check_cache_bytes, (bytes_no_two,), False, "keys AND values"),
     (C.check_cache_bytes, (bytes_query_heads,), False, "use num_key_value_heads"),
+    (C.check_cache_bytes, (bytes_hidden_over_kv,), False, "not hidden_size // num_key_value_heads"),
+    (C.check_cache_bytes, (bytes_ignores_head_dim,), False, "when a config gives head_dim, it wins"),
     (C.check_cache_bytes, (bytes_elements,), False, "number of elements"),
     (C.check_cache_bytes, (bytes_hidden_size,), False, "not hidden_size"),
     (C.check_cache_bytes, (bytes_always_two,), False, "do not assume 2"),
     (C.check_cache_bytes, (bytes_no_batch,), False, "multiply by batch_size"),
+    (C.check_cache_bytes, (bytes_gib,), False, "not GiB"),
     (C.check_cache_bytes, (bytes_key_error,), False, "config.get('num_key_value_heads'"),
-    (C.check_window_mask, (mask_ok,), True, OK),
-    (C.check_window_mask, (mask_numpy,), True, OK),
-    (C.check_window_mask, (stub,), None, NA),
-    (C.check_window_mask, (mask_wide,), False, "you let it see w + 1"),
-    (C.check_window_mask, (mask_symmetric,), False, "the future leaked"),
-    (C.check_window_mask, (mask_inverted,), False, "True means MAY attend"),
-    (C.check_window_mask, (mask_causal_only,), False, "the window is missing"),
-    (C.check_window_mask, (mask_float,), False, "return a boolean mask"),
-    (C.check_window_mask, (mask_transposed,), False, "transpose"),
-    (C.check_window_mask, (mask_no_diagonal,), False, "the diagonal (j == i) must be True"),
-    (C.check_expand_kv, (expand_ok,), True, "enable_gqa=True"),
-    (C.check_expand_kv, (stub,), None, NA),
-    (C.check_expand_kv, (expand_cycled,), False, "repeat_interleave"),
-    (C.check_expand_kv, (expand_tokens,), False, "along the tokens"),
-    (C.check_expand_kv, (expand_unchanged,), False, "must appear num_heads // num_kv_heads"),
-    (C.check_expand_kv, (expand_too_many,), False, "not num_heads = 6 times"),
+    (C.check_sink_ring_cache, (RingOK,), True, "sink + band mask"),
+    (C.check_sink_ring_cache, (RingCat,), True, OK),
+    (C.check_sink_ring_cache, (RingStub,), None, NA),
+    (C.check_sink_ring_cache, (RingNoSinks,), False, "they are never evicted"),
+    (C.check_sink_ring_cache, (RingShort,), False, "one recent token too few"),
+    (C.check_sink_ring_cache, (RingAllSlots,), False, "slots not written yet"),
+    (C.check_crossover_context, (crossover_ok,), True, "7,659 tokens for a batch of 16"),
+    (C.check_crossover_context, (stub,), None, NA),
+    (C.check_crossover_context, (crossover_equal,), False, "floor(weights / per token) + 1"),
+    (C.check_crossover_context, (crossover_two_bytes,), False, "do not assume 2"),
+    (C.check_crossover_context, (crossover_params_not_bytes,), False, "counts parameters, not bytes"),
+    (C.check_crossover_context, (crossover_no_batch,), False, "grows with batch_size"),
+    (C.check_crossover_context, (crossover_float,), False, "whole number of tokens"),
+    (C.check_crossover_context, (crossover_query_heads,), False, "use num_key_value_heads"),
 ]
 
 
@@ -290,33 +329,69 @@ def test_checkers_never_raise_on_odd_answers(capsys):
             assert out.count("\n") == 1, (name, out)
 
 
+def test_cache_bytes_mistakes_are_told_apart_on_the_hidden_cases():
+    """No two hinted mistakes (nor a mistake and the right answer) agree on every hidden case:
+    in particular hidden_size // num_key_value_heads, which equals the num_attention_heads
+    mistake whenever the config has no head_dim, differs from it on the explicit-head_dim cases."""
+    wrongs = [bytes_no_two, bytes_query_heads, bytes_hidden_over_kv, bytes_ignores_head_dim,
+              bytes_elements, bytes_hidden_size, bytes_always_two, bytes_no_batch, bytes_gib]
+    configs = [  # the checker's cases
+        ({"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096},
+         8192, 1, torch.bfloat16),
+        ({"num_hidden_layers": 3, "num_attention_heads": 6, "num_key_value_heads": 2, "hidden_size": 48},
+         10, 3, torch.float64),
+        ({"num_hidden_layers": 5, "num_attention_heads": 4, "num_key_value_heads": 1, "hidden_size": 40},
+         7, 2, torch.float32),
+        ({"num_hidden_layers": 32, "num_attention_heads": 32, "hidden_size": 4096}, 4096, 1, torch.float16),
+        ({"num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 256,
+          "hidden_size": 3072}, 8192, 1, torch.bfloat16),
+        ({"num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 6,
+          "hidden_size": 40}, 5, 3, torch.float32),
+    ]
+    vectors = {f.__name__: tuple(f(c, T, B, dt) for c, T, B, dt in configs) for f in [bytes_ok, *wrongs]}
+    for (a, va), (b, vb) in itertools.combinations(vectors.items(), 2):
+        assert va != vb, (a, b)
+
+
 def test_reference_solutions_agree_with_independent_facts():
-    # decode_ok over steps = full causal attention (PyTorch's own)
+    # chunked prefill: the rows of PyTorch's full causal attention
     gen = torch.Generator().manual_seed(0)
-    Q, K, V = (torch.randn(1, 2, 5, 4, generator=gen, dtype=torch.float64) for _ in range(3))
-    Kc, Vc, outs = K[:, :, :2], V[:, :, :2], []
-    for t in range(2, 5):
-        out, Kc, Vc = decode_ok(Q[:, :, t:t + 1], K[:, :, t:t + 1], V[:, :, t:t + 1], Kc, Vc)
+    Q, K, V = (torch.randn(1, 2, 9, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    Kc, Vc, outs, t = K[:, :, :2], V[:, :, :2], [], 2
+    for n in (3, 1, 3):
+        out, Kc, Vc = prefill_ok(Q[:, :, t:t + n], K[:, :, t:t + n], V[:, :, t:t + n], Kc, Vc)
         outs.append(out)
+        t += n
     full = F.scaled_dot_product_attention(Q, K, V, is_causal=True)
     assert torch.allclose(torch.cat(outs, dim=2), full[:, :, 2:])
-    # Llama-2-7B, 4096 tokens, float16: 2 GiB (512 KiB per token)
+    # Llama-2-7B, 4096 tokens, float16: 2 GiB (512 KiB per token); Gemma-7B's config.json
+    # (28 layers, 16 heads of head_dim 256): 3.5 GiB at 8192 tokens
     llama2 = {"num_hidden_layers": 32, "num_attention_heads": 32, "hidden_size": 4096}
-    assert bytes_ok(llama2, 4096) == 2 * 2**30
-    # the window mask, by its definition
-    assert mask_ok(5, 2).sum().item() == 1 + 2 * 4
-    # expand_ok against PyTorch's GQA
-    Qg = torch.randn(1, 6, 3, 4, generator=gen)
-    Kg, Vg = (torch.randn(1, 2, 3, 4, generator=gen) for _ in range(2))
-    assert torch.allclose(F.scaled_dot_product_attention(Qg, expand_ok(Kg, 6), expand_ok(Vg, 6)),
-                          F.scaled_dot_product_attention(Qg, Kg, Vg, enable_gqa=True), atol=1e-6)
+    assert bytes_ok(llama2, 4096) == 2 * 2**30 == kv_cache_bytes(32, 32, 128, T=4096)
+    gemma = {"num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 16,
+             "head_dim": 256, "hidden_size": 3072}
+    assert bytes_ok(gemma, 8192, dtype=torch.bfloat16) == 3.5 * 2**30
+    # the ring buffer keeps the tokens shared.generation.KVCache(window, sinks) keeps
+    ring, cache = RingOK(window=3, sinks=2), KVCache(window=3, sinks=2)
+    for p in range(9):
+        k = torch.full((1, 1, 1, 1), float(p))
+        K_ring, _ = ring.update(k, k)
+        cache.update(k, k)
+        assert sorted(K_ring.flatten().tolist()) == cache.K.flatten().tolist()
+    # Llama-3-8B: 8,030,261,248 parameters (its model card: 8.03B), 128 KiB of cache per token
+    # in 16 bits; the weights take 16,060,522,496 bytes = 122,532.6 tokens of one sequence
+    llama3 = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096}
+    n = 2 * 128256 * 4096 + 32 * (2 * 4096**2 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096) + 4096
+    assert n == 8_030_261_248
+    assert crossover_ok(llama3, n) == 122_533 and crossover_ok(llama3, n, batch_size=16) == 7_659
+    assert kv_cache_bytes(32, 8, 128, T=7659, batch_size=16) > 2 * n > kv_cache_bytes(32, 8, 128, T=7658, batch_size=16)
 
 
 def test_checkers_leave_the_global_random_state_alone(capsys):
     torch.manual_seed(7)
     np.random.seed(7)  # noqa: NPY002 - the legacy global state is what we check
-    ex.check_decode_step(decode_ok)
-    ex.check_expand_kv(expand_ok)
+    ex.check_chunked_prefill(prefill_ok)
+    ex.check_sink_ring_cache(RingOK)
     capsys.readouterr()
     after_torch, after_np = torch.rand(3), np.random.random(3)  # noqa: NPY002
     torch.manual_seed(7)

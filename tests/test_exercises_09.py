@@ -3,7 +3,6 @@ for the shipped stub, and rejects typical wrong answers with the hint that names
 
 from __future__ import annotations
 
-import math
 import re
 
 import numpy as np
@@ -11,7 +10,6 @@ import pytest
 import torch
 
 from shared import exercises as ex
-from shared.modules import MultiHeadAttention
 
 NA, OK = "not attempted yet", "correct!"
 
@@ -91,63 +89,42 @@ def map_ff_swapped(name):
 
 
 # 9.2 ------------------------------------------------------------------------------------------
-def head_ok(X, W_q, b_q, W_k, b_k, h, num_heads):
-    hd = W_q.shape[0] // num_heads
-    cols = slice(h * hd, (h + 1) * hd)
-    Q = (X @ W_q.T + b_q)[:, cols]
-    K = (X @ W_k.T + b_k)[:, cols]
-    return torch.softmax(Q @ K.T / math.sqrt(hd), dim=-1)
+def punct_ok(weights, tokens):
+    is_punct = torch.tensor([re.fullmatch(r"[^\w]+|_+", t) is not None for t in tokens])
+    return weights[..., is_punct].sum(-1).mean(-1)
 
 
-def head_via_linear(X, W_q, b_q, W_k, b_k, h, num_heads):  # F.linear is x @ W.T + b
-    hd = W_q.shape[0] // num_heads
-    Q = torch.nn.functional.linear(X, W_q, b_q).view(-1, num_heads, hd)[:, h]
-    K = torch.nn.functional.linear(X, W_k, b_k).view(-1, num_heads, hd)[:, h]
-    return torch.softmax(Q @ K.T / hd**0.5, dim=-1)
+def punct_loop(weights, tokens):  # a plain loop over heads, queries and keys
+    L, H, n, _ = weights.shape
+    out = np.zeros((L, H))
+    for layer in range(L):
+        for head in range(H):
+            out[layer, head] = sum(float(weights[layer, head, i, j]) for i in range(n) for j in range(n)
+                                   if not any(c.isalnum() for c in tokens[j])) / n
+    return out
 
 
-def head_no_transpose(X, W_q, b_q, W_k, b_k, h, num_heads):
-    return head_ok(X, W_q.T, b_q, W_k.T, b_k, h, num_heads)
+def punct_first_char(weights, tokens):
+    is_punct = torch.tensor([not t[0].isalnum() for t in tokens])
+    return weights[..., is_punct].sum(-1).mean(-1)
 
 
-def head_no_bias(X, W_q, b_q, W_k, b_k, h, num_heads):
-    return head_ok(X, W_q, 0 * b_q, W_k, 0 * b_k, h, num_heads)
+def punct_swapped(weights, tokens):
+    return punct_ok(weights.transpose(-1, -2), tokens)
 
 
-def head_unscaled(X, W_q, b_q, W_k, b_k, h, num_heads):
-    hd = W_q.shape[0] // num_heads
-    Q = (X @ W_q.T + b_q)[:, h * hd:(h + 1) * hd]
-    K = (X @ W_k.T + b_k)[:, h * hd:(h + 1) * hd]
-    return torch.softmax(Q @ K.T, dim=-1)
+def punct_summed(weights, tokens):
+    return punct_ok(weights, tokens) * len(tokens)
 
 
-def head_scaled_by_d(X, W_q, b_q, W_k, b_k, h, num_heads):
-    hd = W_q.shape[0] // num_heads
-    Q = (X @ W_q.T + b_q)[:, h * hd:(h + 1) * hd]
-    K = (X @ W_k.T + b_k)[:, h * hd:(h + 1) * hd]
-    return torch.softmax(Q @ K.T / math.sqrt(W_q.shape[0]), dim=-1)
+def punct_key_mean(weights, tokens):
+    is_punct = torch.tensor([not any(c.isalnum() for c in t) for t in tokens])
+    return weights[..., is_punct].mean(-1).mean(-1)
 
 
-def head_strided(X, W_q, b_q, W_k, b_k, h, num_heads):
-    hd = W_q.shape[0] // num_heads
-    Q = (X @ W_q.T + b_q)[:, h::num_heads]
-    K = (X @ W_k.T + b_k)[:, h::num_heads]
-    return torch.softmax(Q @ K.T / math.sqrt(hd), dim=-1)
-
-
-def head_all_heads(X, W_q, b_q, W_k, b_k, h, num_heads):
-    return torch.stack([head_ok(X, W_q, b_q, W_k, b_k, i, num_heads) for i in range(num_heads)])
-
-
-def head_axis0(X, W_q, b_q, W_k, b_k, h, num_heads):
-    hd = W_q.shape[0] // num_heads
-    Q = (X @ W_q.T + b_q)[:, h * hd:(h + 1) * hd]
-    K = (X @ W_k.T + b_k)[:, h * hd:(h + 1) * hd]
-    return torch.softmax(Q @ K.T / math.sqrt(hd), dim=0)
-
-
-def head_always_0(X, W_q, b_q, W_k, b_k, h, num_heads):
-    return head_ok(X, W_q, b_q, W_k, b_k, 0, num_heads)
+def punct_per_query(weights, tokens):
+    is_punct = torch.tensor([not any(c.isalnum() for c in t) for t in tokens])
+    return weights[..., is_punct].sum(-1)
 
 
 # 9.3 ------------------------------------------------------------------------------------------
@@ -211,17 +188,14 @@ CASES = [
     (C.check_weight_name, (map_keeps_pooler,), False, "return None for them"),
     (C.check_weight_name, (map_drops_kind,), False, "(.weight or .bias)"),
     (C.check_weight_name, (map_ff_swapped,), False, "intermediate.dense is the feed-forward's first"),
-    (C.check_head_weights, (head_ok,), True, OK),
-    (C.check_head_weights, (head_via_linear,), True, OK),
-    (C.check_head_weights, (stub,), None, NA),
-    (C.check_head_weights, (head_no_transpose,), False, "not X @ W_q"),
-    (C.check_head_weights, (head_no_bias,), False, "forgot the biases"),
-    (C.check_head_weights, (head_unscaled,), False, "forgot the scaling"),
-    (C.check_head_weights, (head_scaled_by_d,), False, "not by sqrt(d)"),
-    (C.check_head_weights, (head_strided,), False, "contiguous features"),
-    (C.check_head_weights, (head_all_heads,), False, "return only head h"),
-    (C.check_head_weights, (head_axis0,), False, "wrong axis"),
-    (C.check_head_weights, (head_always_0,), False, "that is head 0's weights"),
+    (C.check_punctuation_score, (punct_ok,), True, "known scores"),
+    (C.check_punctuation_score, (punct_loop,), True, OK),
+    (C.check_punctuation_score, (stub,), None, NA),
+    (C.check_punctuation_score, (punct_first_char,), False, "none of its characters"),
+    (C.check_punctuation_score, (punct_swapped,), False, "rows are queries"),
+    (C.check_punctuation_score, (punct_summed,), False, "average over the queries"),
+    (C.check_punctuation_score, (punct_key_mean,), False, "you averaged them"),
+    (C.check_punctuation_score, (punct_per_query,), False, "one number per query"),
     (C.check_padding_mask, (mask_ok,), True, OK),
     (C.check_padding_mask, (mask_where,), True, OK),
     (C.check_padding_mask, (stub,), None, NA),
@@ -254,7 +228,7 @@ def test_checker(capsys, checker, answers, expected, phrase):
 
 def test_every_checker_is_covered_three_ways():
     """Each checker: a correct answer, the stub, and at least two different wrong answers."""
-    assert CHECKERS == ["check_weight_name", "check_head_weights", "check_padding_mask"]
+    assert CHECKERS == ["check_weight_name", "check_punctuation_score", "check_padding_mask"]
     for name in CHECKERS:
         results = [c[2] for c in CASES if c[0].__name__ == name]
         assert True in results and None in results, name
@@ -269,17 +243,17 @@ def test_reference_solutions_agree_with_independent_implementations():
 
     for name in load_weights():
         assert map_ok(name) == hf_to_ours(name), name
-    torch.manual_seed(0)
-    d, H, T = 12, 3, 5
-    mha = MultiHeadAttention(d, d, context_length=T, dropout=0.0, num_heads=H, qkv_bias=True,
-                             causal=False).double().eval()
-    X = torch.randn(T, d, dtype=torch.float64)
-    with torch.no_grad():
-        _, w = mha(X[None], return_weights=True)
-        for h in range(H):
-            got = head_ok(X, mha.W_query.weight, mha.W_query.bias, mha.W_key.weight,
-                          mha.W_key.bias, h, H)
-            assert torch.allclose(got, w[0, h], atol=1e-12)
+    # the punctuation score by hand: 13 tokens, 3 of them punctuation (' , .)
+    tokens = ["[CLS]", "the", "animal", "didn", "'", "t", "cross", ",", "it", "was", "tired", ".", "[SEP]"]
+    n = len(tokens)
+    uniform = torch.full((1, 1, n, n), 1.0 / n, dtype=torch.float64)
+    previous = torch.eye(n, dtype=torch.float64).roll(-1, dims=1)[None, None]  # query i -> key i - 1 ...
+    previous[..., 0, :] = 0
+    previous[..., 0, 0] = 1  # ... and [CLS] on itself
+    assert torch.allclose(punct_ok(uniform, tokens), torch.tensor(3 / 13, dtype=torch.float64))
+    assert torch.allclose(punct_ok(previous, tokens), torch.tensor(3 / 13, dtype=torch.float64))  # after ' , .
+    w = torch.softmax(torch.randn(2, 3, n, n, dtype=torch.float64), dim=-1)
+    assert np.allclose(punct_ok(w, tokens).numpy(), punct_loop(w, tokens))
     scores = torch.randn(2, 3, 4, 4, dtype=torch.float64)
     real = torch.tensor([[True, True, False, False], [True, True, True, True]])
     w = mask_ok(scores, real)

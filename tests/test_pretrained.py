@@ -126,6 +126,22 @@ def test_tokenizer_matches_transformers(hf, batch):
     assert tokens[0][:3] == ["[CLS]", "the", "animal"] and tokens[2][:3] == ["[CLS]", "[SEP]", "[PAD]"]
 
 
+def test_stored_tokenizer_settings_differ_from_load_tokenizer():
+    """tokenizer.json pads and truncates at a fixed 128; load_tokenizer pads to the longest in the
+    batch and truncates at sentence-transformers' 256; modules.json: encoder, mean pool, normalise."""
+    from tokenizers import Tokenizer
+
+    folder = P.model_dir()
+    stored = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    assert stored.truncation["max_length"] == 128 and stored.padding["length"] == 128
+    assert len(stored.encode("I love you today").ids) == 128
+    ours = P.load_tokenizer()
+    assert ours.truncation["max_length"] == P.MAX_TOKENS == 256 and ours.padding["length"] is None
+    assert len(ours.encode("I love you today").ids) == 6
+    modules = json.loads((folder / "modules.json").read_text())
+    assert [m["type"].rsplit(".", 1)[-1] for m in modules] == ["Transformer", "Pooling", "Normalize"]
+
+
 def test_long_input_is_truncated_to_256_tokens(ours):
     ids, mask, _ = P.tokenize(["word " * 400, "short"], ours.tokenizer)
     assert ids.shape == (2, P.MAX_TOKENS) and ids[0, -1].item() == 102  # ends with [SEP]
@@ -272,6 +288,30 @@ def test_a_missing_or_inverted_padding_mask_changes_the_embeddings(ours, batch):
     assert (right[short, :n] - inverted[short, :n]).abs().max() > 0.5
     longest = int(attention_mask.sum(1).argmax())  # no padding: the mask changes nothing
     assert torch.allclose(right[longest], none[longest], atol=1e-5)
+
+
+def test_empty_row_rule_differs_between_transformers_backends(ours):
+    """With the mask inverted, the unpadded sentence has no key in any row: transformers' SDPA
+    backend gives such rows a zero output (the course's rule), its eager backend uniform weights
+    (the most negative float), and the two sentence embeddings differ."""
+    from transformers import BertModel
+
+    sentences = ["I love you today", "The animal didn't cross the street because it was too tired.",
+                 "The cat sat on the mat"]
+    ids, mask, _ = P.tokenize(sentences, ours.tokenizer)
+    with torch.no_grad():
+        alone = [F.normalize(P.mean_pool(ours(*P.tokenize([s], ours.tokenizer)[:2]),
+                                         P.tokenize([s], ours.tokenizer)[1]), dim=-1) for s in sentences]
+        cosines = {}
+        for impl in ("eager", "sdpa"):
+            hf = BertModel.from_pretrained(str(P.model_dir()), local_files_only=True,
+                                           attn_implementation=impl).eval()
+            hidden = hf(input_ids=ids, attention_mask=(~mask).long()).last_hidden_state
+            cosines[impl] = float((F.normalize(P.mean_pool(hidden, mask), dim=-1)[1] * alone[1][0]).sum())
+        ours_inverted = F.normalize(P.mean_pool(ours(ids, ~mask), mask), dim=-1)[1]
+    assert abs(cosines["sdpa"] - float((ours_inverted * alone[1][0]).sum())) < 1e-4  # zero rule = ours
+    assert abs(cosines["eager"] - cosines["sdpa"]) > 0.1
+    assert abs(cosines["eager"] - 0.3407) < 1e-3 and abs(cosines["sdpa"] - 0.4828) < 1e-3
 
 
 def test_fully_masked_queries_stay_finite(ours, batch):

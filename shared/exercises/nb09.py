@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from shared.pretrained import hf_to_ours
@@ -25,7 +23,7 @@ from ._core import (
 
 __all__ = [
     "check_weight_name",
-    "check_head_weights",
+    "check_punctuation_score",
     "check_padding_mask",
 ]
 
@@ -114,64 +112,88 @@ def check_weight_name(map_name):
 
 
 # --------------------------------------------------------------------------------------------
-# 9.2 One head's attention weights by hand
+# 9.2 Score a new head pattern: attention to punctuation
 # --------------------------------------------------------------------------------------------
-def _head_reference(X, W_q, b_q, W_k, b_k, h, H, *, transpose=True, bias=True, scale=None,
-                    cols=None, axis=-1, softmax=True):
-    d = W_q.shape[0]
-    hd = d // H
-    Q = X @ (W_q.T if transpose else W_q) + (b_q if bias else 0.0)
-    K = X @ (W_k.T if transpose else W_k) + (b_k if bias else 0.0)
-    cols = slice(h * hd, (h + 1) * hd) if cols is None else cols
-    S = Q[:, cols] @ K[:, cols].T / (math.sqrt(hd) if scale is None else scale)
-    return _softmax(S, axis=axis) if softmax else S
+def _is_punct(token: str) -> bool:
+    """Punctuation: no character is a letter or a digit ('.', ',', "'"; not [CLS], [SEP], '##s')."""
+    return not any(c.isalnum() for c in token)
+
+
+def _punct_reference(w, tokens, is_punct=_is_punct, *, keys=True, reduce="mean"):
+    """``w`` ``(..., n, n)`` -> ``(...)``: the mean over queries of the weight on punctuation
+    keys (or one of the mistakes the arguments name)."""
+    p = np.array([is_punct(t) for t in tokens])
+    if not keys:  # the mistake: rows and columns swapped
+        w = np.swapaxes(w, -1, -2)
+    if reduce == "keys-mean":  # the mistake: mean over the punctuation keys instead of their sum
+        return w[..., p].mean(-1).mean(-1)
+    on_punct = w[..., p].sum(-1)  # (..., n): each query's total weight on punctuation
+    return on_punct.sum(-1) if reduce == "sum" else on_punct.mean(-1)
+
+
+_PUNCT_TOKENS = (
+    ["[CLS]", "the", "animal", "didn", "'", "t", "cross", ",", "it", "was", "tired", ".", "[SEP]"],
+    ["[CLS]", "cat", "##s", "sat", "?", "yes", "!", "[SEP]"],
+    ["[CLS]", "a", "-", "b", "'", "s", "[SEP]"],
+)
+
+
+def _known_heads(n):
+    """Heads whose score one can work out by hand: uniform, previous-token (query 0 on itself),
+    and all weight on [CLS]."""
+    uniform = np.full((n, n), 1.0 / n)
+    previous = np.eye(n, k=-1)
+    previous[0, 0] = 1.0
+    cls = np.zeros((n, n))
+    cls[:, 0] = 1.0
+    return np.stack([uniform, previous, cls])  # (3, n, n)
 
 
 @_checker
-def check_head_weights(head_weights):
-    """``head_weights(X, W_q, b_q, W_k, b_k, h, num_heads)`` -> ``(T, T)``: the attention weights
-    of head ``h``. X ``(T, d)``; W_q, W_k ``(d, d)`` in nn.Linear's (out, in) layout, as stored in
-    ``model.safetensors``; b_q, b_k ``(d,)``. Head h owns features ``h*head_dim:(h+1)*head_dim``
-    of ``Q = X @ W_q.T + b_q`` and ``K``; scores scaled by ``sqrt(head_dim)``."""
-    rng = _rng(901)
-    for T, d, H, h in ((5, 12, 3, 1), (4, 8, 2, 1), (6, 12, 4, 3)):
-        X = rng.normal(size=(T, d))
-        W_q, W_k = rng.normal(size=(d, d)) / math.sqrt(d), rng.normal(size=(d, d)) / math.sqrt(d)
-        b_q, b_k = rng.normal(size=d), rng.normal(size=d)
-        args = [_t(a.copy()) for a in (X, W_q, b_q, W_k, b_k)]
-        got = _arr(_call(head_weights, *args, h, H, name="head_weights",
-                         on_error="hint: X (T, d) times W.T (d, d), plus the bias, then cut out "
-                                  "head h's columns"), "the weights")
-        ref = _head_reference(X, W_q, b_q, W_k, b_k, h, H)
-        if got.shape == (H, T, T):
-            raise _Wrong(f"return only head h = {h}'s weights, shape (T, T) = {(T, T)}, not every "
-                         "head's")
-        _shape(got, (T, T), "the weights", "(T, T): one row per query, one column per key")
-        if _close(got, ref):
+def check_punctuation_score(punctuation_score):
+    """``punctuation_score(weights, tokens)``: weights ``(layers, heads, n, n)`` of one sentence
+    (queries down, keys across), tokens its ``n`` token strings -> ``(layers, heads)``: for each
+    head, the mean over the ``n`` queries of the total weight on punctuation keys (tokens without
+    any letter or digit)."""
+    rng = _rng(902)
+    for case, tokens in enumerate(_PUNCT_TOKENS):
+        n = len(tokens)
+        L, H = (2, 3) if case != 1 else (1, 3)
+        w = _softmax(rng.normal(size=(L, H, n, n)) * 2.0)
+        w[0] = _known_heads(n)  # layer 0: three heads with scores known by hand
+        got = _arr(_call(punctuation_score, _t(w.copy()), list(tokens), name="punctuation_score",
+                         on_error="weights is (layers, heads, n, n) and tokens a list of n "
+                                  "strings"), "the scores")
+        if got.shape == (L, H, n):
+            raise _Wrong("you returned one number per query: average over the queries too, to "
+                         "get one score per head, shape (layers, heads)")
+        _shape(got, (L, H), "the scores", "(layers, heads): one score per head")
+        ref = _punct_reference(w, tokens)
+        if _close(got, ref, atol=1e-6):
             continue
-        hd = d // H
         _diagnose(got, [
-            ("these are the raw scores: apply the softmax over the keys (last axis)",
-             _head_reference(X, W_q, b_q, W_k, b_k, h, H, softmax=False)),
-            ("W_q is stored as nn.Linear's (out, in): Q = X @ W_q.T + b_q, not X @ W_q",
-             _head_reference(X, W_q, b_q, W_k, b_k, h, H, transpose=False)),
-            ("forgot the biases b_q and b_k (BERT's projections have them)",
-             _head_reference(X, W_q, b_q, W_k, b_k, h, H, bias=False)),
-            ("forgot the scaling: divide the scores by sqrt(head_dim)",
-             _head_reference(X, W_q, b_q, W_k, b_k, h, H, scale=1.0)),
-            (f"scale by sqrt(head_dim) = sqrt({hd}), not by sqrt(d) = sqrt({d})",
-             _head_reference(X, W_q, b_q, W_k, b_k, h, H, scale=math.sqrt(d))),
-            ("softmax over the wrong axis: each query's row (over the keys) must sum to 1",
-             _head_reference(X, W_q, b_q, W_k, b_k, h, H, axis=0)),
-            (f"head h owns the contiguous features h*head_dim:(h+1)*head_dim = "
-             f"{h * hd}:{(h + 1) * hd}, not every num_heads-th one",
-             _head_reference(X, W_q, b_q, W_k, b_k, h, H, cols=slice(h, d, H))),
-            ("that is head 0's weights: cut out head h's features h*head_dim:(h+1)*head_dim",
-             _head_reference(X, W_q, b_q, W_k, b_k, 0, H)),
-        ])
-        raise _Wrong(f"head {h}'s weights differ from softmax(Q_h K_h^T / sqrt(head_dim)) by up "
-                     f"to {_maxdiff(got, ref)}")
-    return "one head of a real layer is just softmax(Q_h K_h^T / sqrt(head_dim))."
+            ("[CLS], [SEP] and word pieces like '##s' start with a punctuation character but "
+             "contain letters: a token is punctuation only when none of its characters is a "
+             "letter or digit (not any(c.isalnum() for c in token))",
+             _punct_reference(w, tokens, lambda t: not t[0].isalnum())),
+            ("rows are queries and columns keys: add each query's weights in the punctuation "
+             "COLUMNS (w[..., is_punct].sum(-1)), then average over the queries",
+             _punct_reference(w, tokens, keys=False)),
+            ("average over the queries (divide by n), so that a head that puts all its weight on "
+             "punctuation scores 1", _punct_reference(w, tokens, reduce="sum")),
+            ("add the weights on the punctuation keys (a query's total weight on punctuation); "
+             "you averaged them", _punct_reference(w, tokens, reduce="keys-mean")),
+        ], atol=1e-6)
+        known = _punct_reference(_known_heads(n), tokens)
+        if not _close(got[0], known, atol=1e-6):
+            raise _Wrong(f"on heads whose scores are known by hand ({' '.join(tokens)}) you gave "
+                         f"{np.round(got[0], 4).tolist()}: a uniform head scores the share of "
+                         f"punctuation tokens {known[0]:.4f}, a previous-token head "
+                         f"{known[1]:.4f}, a [CLS] head 0")
+        raise _Wrong(f"scores differ from the mean over queries of the weight on punctuation keys "
+                     f"by up to {_maxdiff(got, ref)} (tokens {' '.join(tokens)})")
+    return ("on hidden heads and on three with known scores (uniform, previous token, [CLS]) the "
+            "scores match; now point it at the model.")
 
 
 # --------------------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ from shared.flash import (
     tiled_attention,
 )
 
-__all__ = ["FlashAttentionFunction", "flash_attention", "flash_backward"]
+__all__ = ["FlashAttentionFunction", "flash_attention", "flash_backward", "saved_tensor_bytes"]
 
 
 def flash_backward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.Tensor,
@@ -92,7 +92,8 @@ def flash_backward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.T
             dS = dP.sub_(D[:, q0:q1]).mul_(p)  # dS = P * (dP - D), in place of dP
             del p, s
             dQ[:, q0:q1].baddbmm_(dS, k_blk, alpha=scale)  # dQ_i += dS K_j / sqrt(d)
-            dK_blk.baddbmm_(dS.transpose(1, 2), q[:, q0:q1], alpha=scale)  # dK_j += dS^T Q_i / sqrt(d)
+            # dK_j += dS^T Q_i / sqrt(d)
+            dK_blk.baddbmm_(dS.transpose(1, 2), q[:, q0:q1], alpha=scale)
             del dS, dP
         dK[:, k0:k1] = dK_blk
         dV[:, k0:k1] = dV_blk
@@ -164,3 +165,26 @@ def flash_attention(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, causal: b
     # expand is differentiable: autograd sums the gradients back over broadcast dimensions
     Q, K, V = (x.expand(*batch, *x.shape[-2:]) for x in (Q, K, V))
     return FlashAttentionFunction.apply(Q, K, V, causal, block_size, mask)
+
+
+def saved_tensor_bytes(fn, exclude=()) -> int:
+    """Bytes of the tensors autograd saves for the backward pass while ``fn()`` runs.
+
+    Every tensor an operation saves passes through ``torch.autograd.graph.saved_tensors_hooks``;
+    their storages are counted once each (views share one), and storages of the tensors in
+    ``exclude`` (e.g. the inputs ``Q, K, V``, which exist anyway) are left out. The result of
+    ``fn()`` is returned to nobody: call this for the count, then run ``fn`` again to train."""
+    if not callable(fn):
+        raise TypeError(f"fn must be a callable taking no arguments; got {type(fn).__name__}")
+    skip = {t.untyped_storage().data_ptr() for t in exclude}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in skip:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        result = fn()  # noqa: F841  (alive until the count is done)
+    return sum(seen.values())

@@ -15,6 +15,7 @@ pass to the gradients of Q, K and V.
   counted (``shared.flash_backward.saved_tensor_bytes``).
 
     python -m tools.bench_backward            # the sizes above (several minutes on 2 cores)
+    python -m tools.bench_backward --threads 1  # one torch thread (a shared, busy machine)
     python -m tools.bench_backward --quick    # tiny sizes, a smoke test of the script itself
 """
 
@@ -146,9 +147,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: PyTorch's own choice); on a shared, "
+                             "oversubscribed machine 1 thread avoids idle waits at every "
+                             "parallel region, which penalise many small operations most")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" /
                         "results-backward-cpu.md")
     args = parser.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     lengths = (64, 128) if args.quick else LENGTHS
     min_run_time = 0.01 if args.quick else 0.2
     start = time.perf_counter()

@@ -78,8 +78,13 @@ def mib(n: int) -> str:
 
 
 def ratio(r: float) -> str:
-    """``0.04`` -> ``1/25``; ``2.5`` -> ``2.50``."""
-    return f"1/{1 / r:.0f}" if r < 0.5 else f"{r:.2f}"
+    """A memory ratio: ``0.04`` -> ``1/25``; ``0.91`` -> ``0.91``."""
+    return f"1/{1 / r:.0f}" if r < 0.2 else f"{r:.2f}"
+
+
+def threads_text() -> str:
+    n = torch.get_num_threads()
+    return f"{n} torch thread{'s' if n != 1 else ''}"
 
 
 def render(all_results: dict, lengths, rounds: int, elapsed: float) -> str:
@@ -93,12 +98,12 @@ def render(all_results: dict, lengths, rounds: int, elapsed: float) -> str:
         f"flash = `shared.flash_backward.flash_attention` (block_size = {DEFAULT_BLOCK_SIZE}: the",
         "tiled forward saves O and L, the backward recomputes P tile by tile).",
         f"Time: median of {rounds} interleaved rounds of `torch.utils.benchmark` with",
-        f"{torch.get_num_threads()} torch threads. Peak: most bytes the CPU allocator held during",
+        f"{threads_text()}. Peak: most bytes the CPU allocator held during",
         "the step beyond what existed before (profiler allocation events), gradients included,",
         "inputs and dO not. Saved: what autograd keeps from the forward pass for the backward",
         "(inputs not counted). The machine is shared and noisy: expect ±20 % on times.",
         "",
-        f"Machine: {platform.machine()}, {torch.get_num_threads()} torch threads, "
+        f"Machine: {platform.machine()}, {threads_text()}, "
         f"python {platform.python_version()}, torch {torch.__version__}. "
         f"Run took {elapsed / 60:.1f} min.",
         "",
@@ -120,7 +125,7 @@ def render(all_results: dict, lengths, rounds: int, elapsed: float) -> str:
                 m_ratio = flash["peak"] / r["peak"]
                 lines.append(
                     f"| {T} | {name} | {r['seconds']:.3f} | {mib(r['peak'])} | {mib(r['saved'])} "
-                    f"| {ratio(t_ratio)} | {ratio(m_ratio)} |"
+                    f"| {t_ratio:.2f} | {ratio(m_ratio)} |"
                 )
         lines.append("")
     lines += [
@@ -136,8 +141,8 @@ def render(all_results: dict, lengths, rounds: int, elapsed: float) -> str:
             f, n, s = res["flash"], res["naive"], res["SDPA"]
             lines.append(
                 f"| {'causal' if causal else 'none'} | {T} | {ratio(f['peak'] / n['peak'])} | "
-                f"{ratio(f['seconds'] / n['seconds'])} | {ratio(f['peak'] / s['peak'])} | "
-                f"{ratio(f['seconds'] / s['seconds'])} |"
+                f"{f['seconds'] / n['seconds']:.2f} | {ratio(f['peak'] / s['peak'])} | "
+                f"{f['seconds'] / s['seconds']:.2f} |"
             )
     lines.append("")
     return "\n".join(lines)

@@ -28,6 +28,11 @@ computed in their own dtype.
 A query that may attend to nothing (its row of ``mask`` is all False) gets a zero output, never
 NaN: a row whose scores so far are all ``-inf`` is rescaled by 0 instead of
 ``exp(-inf - (-inf)) = nan``, and ``acc / l`` with ``l = 0`` is taken as 0.
+
+For training (notebook 10, ``shared.flash_backward``), ``return_lse=True`` also returns each
+row's log-sum-exp ``L = m + log(l)`` of its scaled scores: the one number per query that lets a
+backward pass recompute any tile of the weights as ``exp(S_tile - L)``. A row that may attend to
+nothing gets ``L = +inf`` (as FlashAttention stores it), so that recomputation gives 0 there.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ __all__ = ["tiled_attention", "DEFAULT_BLOCK_SIZE"]
 DEFAULT_BLOCK_SIZE = 256
 
 
-def _check_inputs(Q, K, V, causal, block_size) -> None:
+def _check_inputs(Q, K, V, causal, block_size, return_lse=False) -> None:
     for name, x in (("Q", Q), ("K", K), ("V", V)):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor (..., T, d); got {type(x).__name__}")
@@ -68,6 +73,8 @@ def _check_inputs(Q, K, V, causal, block_size) -> None:
         raise ValueError(f"block_size must be a positive integer; got {block_size!r}")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be a bool; got {type(return_lse).__name__}")
 
 
 def _check_mask(mask, batch, T_q: int, T_k: int, device) -> None:
@@ -88,9 +95,17 @@ def _check_mask(mask, batch, T_q: int, T_k: int, device) -> None:
         raise ValueError(f"mask must be on the inputs' device {device}; got {mask.device}")
 
 
+def _mask_tile(mask: torch.Tensor, q0: int, q1: int, k0: int, k1: int) -> torch.Tensor:
+    """``mask[..., q0:q1, k0:k1]``, except that a query or key dimension of size 1 (a mask that
+    broadcasts along it, e.g. a ``(B, 1, 1, T_k)`` padding mask) is kept whole, not sliced away."""
+    rows = slice(None) if mask.shape[-2] == 1 else slice(q0, q1)
+    cols = slice(None) if mask.shape[-1] == 1 else slice(k0, k1)
+    return mask[..., rows, cols]
+
+
 def tiled_attention(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, causal: bool = False,
                     block_size: int = DEFAULT_BLOCK_SIZE,
-                    mask: torch.Tensor | None = None) -> torch.Tensor:
+                    mask: torch.Tensor | None = None, return_lse: bool = False):
     """``softmax(Q K^T / sqrt(d_k)) V`` computed block by block with an online softmax.
 
     Shapes:
@@ -103,14 +118,17 @@ def tiled_attention(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, causal: b
 
     Returns:
         The output ``(..., T_q, d_v)`` in the inputs' dtype (the weights are never formed). A
-        query that may attend to nothing gets a zero output.
+        query that may attend to nothing gets a zero output. With ``return_lse=True``, the pair
+        ``(output, L)``: ``L`` ``(..., T_q)`` is each row's ``logsumexp`` of its scaled,
+        masked scores, in float32 for float16/bfloat16 inputs (else the inputs' dtype), and
+        ``+inf`` for a query that may attend to nothing.
 
     Raises:
         TypeError for non-tensors, non-float or mixed dtypes, a non-boolean mask; ValueError for
         mismatched shapes, empty sequences, a non-positive ``block_size`` or a mask that does
         not broadcast.
     """
-    _check_inputs(Q, K, V, causal, block_size)
+    _check_inputs(Q, K, V, causal, block_size, return_lse)
     try:
         batch = torch.broadcast_shapes(Q.shape[:-2], K.shape[:-2], V.shape[:-2])
     except RuntimeError:
@@ -132,6 +150,7 @@ def tiled_attention(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, causal: b
     scale = 1.0 / math.sqrt(d_k)
     kT = k.transpose(1, 2)  # (N, d_k, T_k), a view: bmm reads it without a copy
     out = torch.empty(N, T_q, d_v, dtype=Q.dtype, device=Q.device)
+    lse = torch.empty(N, T_q, dtype=acc_dtype, device=Q.device) if return_lse else None
     neg_inf = float("-inf")
 
     for q0 in range(0, T_q, block_size):
@@ -148,7 +167,7 @@ def tiled_attention(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, causal: b
             s = torch.bmm(q_blk, kT[:, :, k0:k1].to(acc_dtype))  # (N, bq, bk) scores of this tile
             blocked = None
             if mask is not None:
-                tile = mask[..., q0:q1, k0:k1]
+                tile = _mask_tile(mask, q0, q1, k0, k1)
                 blocked = ~tile.expand(*batch, q1 - q0, k1 - k0).reshape(N, q1 - q0, k1 - k0)
             if causal and k1 - 1 > q0:  # the diagonal crosses this tile: mask keys above it
                 above = torch.ones(q1 - q0, k1 - k0, dtype=torch.bool, device=Q.device)
@@ -166,10 +185,15 @@ def tiled_attention(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, causal: b
             acc.mul_(alpha).baddbmm_(s, v[:, k0:k1].to(acc_dtype))  # acc = alpha * acc + p @ V_blk
             m = m_new
             del s  # free this tile before the next one is allocated: one tile alive at a time
+        if lse is not None:  # L = m + log(l); l = 0 (attended to nothing) -> +inf
+            lse[:, q0:q1] = torch.where(l > 0, m + torch.log(l), float("inf")).squeeze(-1)
         # Normalise once, at the end; a row that attended to nothing has l = 0 and acc = 0 -> 0.
         l = torch.where(l > 0, l, 1.0)
         if acc_dtype == out.dtype:
             torch.div(acc, l, out=out[:, q0:q1])
         else:
             out[:, q0:q1] = acc.div_(l)  # rounded to the inputs' dtype only here
-    return out.reshape(*batch, T_q, d_v)
+    out = out.reshape(*batch, T_q, d_v)
+    if lse is not None:
+        return out, lse.reshape(*batch, T_q)
+    return out

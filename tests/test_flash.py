@@ -246,6 +246,18 @@ def test_boolean_mask_matches_sdpa(causal, block_size):
     torch.testing.assert_close(out, expected, atol=ATOL, rtol=0)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_key_padding_mask_broadcast_over_queries(causal):
+    """A (B, 1, 1, T_k) padding mask has size 1 along the queries: every query block must see
+    it whole (slicing rows q0:q1 of a size-1 dimension would leave nothing to broadcast)."""
+    Q, K, V = qkv(25, 2, 3, T_q=11, T_k=11)
+    mask = (torch.arange(11) < torch.tensor([7, 11])[:, None])[:, None, None, :]
+    allowed = mask & torch.ones(11, 11, dtype=torch.bool).tril() if causal else mask
+    expected = F.scaled_dot_product_attention(Q, K, V, attn_mask=allowed)
+    out = tiled_attention(Q, K, V, causal=causal, block_size=4, mask=mask)
+    torch.testing.assert_close(out, expected, atol=ATOL, rtol=0)
+
+
 def test_first_key_block_fully_masked_is_no_nan():
     """Keys 0..3 (the whole first block of 4) are masked for every query: the running max stays
     -inf through that block, where exp(-inf - (-inf)) would be nan without the guard."""

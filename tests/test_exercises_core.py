@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -179,3 +180,21 @@ def test_copy_false_lets_a_checker_see_in_place_changes():
 def test_a_string_that_looks_like_a_number_is_not_a_number(capsys):
     result, out = run(capsys, lambda x: "2.0")
     assert result.passed is False and "numeric" in out, out
+
+
+def test_the_package_docstring_lists_every_notebooks_checkers():
+    """`shared.exercises`' docstring names each notebook's checkers: exactly its module's __all__."""
+    import importlib
+    import re
+
+    import shared.exercises as package
+
+    listed = {}
+    for nb, names in re.findall(r"^\* (\d\d): (.+?)\.$", package.__doc__, flags=re.M | re.S):
+        listed[nb] = re.findall(r"``(\w+)``", names)
+    modules = sorted(p.stem[2:] for p in Path(package.__file__).parent.glob("nb[0-9][0-9].py"))
+    assert sorted(listed) == modules
+    for nb in modules:
+        module = importlib.import_module(f"shared.exercises.nb{nb}")
+        assert listed[nb] == list(module.__all__), nb
+        assert set(module.__all__) <= set(package.__all__), nb

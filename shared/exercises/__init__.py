@@ -22,16 +22,18 @@ The exercises, by notebook (the checker names say what they check):
   ``check_design_embeddings``, ``check_spot_the_bug``.
 * 02: ``check_attend_to_one``, ``check_score_scale``, ``check_shift_matrix``,
   ``check_recover_permutation``.
-* 03: ``check_sliding_window_attention``, ``check_attention_dropout``, ``check_causal_bug_fix``.
-* 04: ``check_cross_attention``, ``check_split_merge_heads``, ``check_parameter_count``,
-  ``check_fused_attention``, ``check_grouped_query_attention``.
+* 03: ``check_sliding_window_attention``, ``check_expected_empty_rows``, ``check_causal_bug_fix``.
+* 04: ``check_fixed_multi_head``, ``check_duplicate_token_head``, ``check_attention_parameters``.
 * 05: ``check_time_call``, ``check_online_softmax_step``, ``check_score_memory``,
   ``check_block_size``.
 * 06: ``check_previous_token_score``, ``check_ablate_head``, ``check_find_induction_head``.
 * 07: ``check_rotate_pair``, ``check_shift_change``, ``check_to_half_split``,
   ``check_alibi_mass_beyond``.
-* 08: ``check_decode_step``, ``check_cache_bytes``, ``check_window_mask``, ``check_expand_kv``.
-* 09: ``check_weight_name``, ``check_head_weights``, ``check_padding_mask``.
+* 08: ``check_chunked_prefill``, ``check_cache_bytes``, ``check_sink_ring_cache``,
+  ``check_crossover_context``.
+* 09: ``check_weight_name``, ``check_punctuation_score``, ``check_padding_mask``.
+* 10: ``check_temperature_grad``, ``check_bias_grads``, ``check_fixed_backward``,
+  ``check_attention_saved_bytes``.
 
 Notebooks 01-03 pass NumPy arrays to the learner's functions (03's module exercise passes a
 tensor); the others pass PyTorch tensors. Answers may be either (they are converted for comparison).
@@ -59,6 +61,8 @@ from .nb08 import *  # noqa: F403
 from .nb08 import __all__ as _nb08
 from .nb09 import *  # noqa: F403
 from .nb09 import __all__ as _nb09
+from .nb10 import *  # noqa: F403
+from .nb10 import __all__ as _nb10
 
 __all__ = ["CheckResult", "CORRECT", "NOT_ATTEMPTED", "NOT_QUITE",
-           *_nb01, *_nb02, *_nb03, *_nb04, *_nb05, *_nb06, *_nb07, *_nb08, *_nb09]
+           *_nb01, *_nb02, *_nb03, *_nb04, *_nb05, *_nb06, *_nb07, *_nb08, *_nb09, *_nb10]

@@ -44,9 +44,7 @@ import os
 import sys
 from pathlib import Path
 
-# A CUDA build of torch on a machine with the CUDA toolkit but no GPU logs "No CUDA runtime is found"
-# when torch.utils.benchmark is imported: a fact about the machine, not the course, so keep it quiet.
-logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)  # a CUDA-toolkit notice, not ours
 
 COURSE_GIT_URL = os.environ.get("COURSE_GIT_URL", "https://github.com/{cfg["github"]}.git")
 try:

@@ -65,9 +65,9 @@ if str(ROOT.resolve()) not in sys.path:
 
 SETUP_NOTE_TAG = "setup-note"
 SETUP_NOTE = (
-    "**Setup.** Run the next cell first (it is collapsed: click its bar, or ▸ on Colab, to read it). "
-    "It makes the course's `shared/` helpers importable and, on Colab, fetches the course first; it "
-    "installs nothing."
+    "**Setup.** Run the next cell first. It makes the course's `shared/` helpers importable and, on "
+    "Colab, fetches the course first; it installs nothing. Its code is hidden: click the dots in "
+    "JupyterLab, or *Show code* on Colab, to read it."
 )
 # The setup cell is collapsed where learners open it: JupyterLab hides its source, Colab shows it as
 # a form whose title is the cell's `#@title` line.

@@ -90,7 +90,7 @@ def draw_explorer(Q, K, V, tokens, temperature: float, query: int, fig=None):
         raise ValueError(f"tokens must label the {T_k} tokens of a self-attention matrix; got "
                          f"{len(tokens)} labels for weights of shape {state['weights'].shape}")
     if fig is None:
-        fig = plt.figure(figsize=(10.5, 4.2), dpi=100)
+        fig = plt.figure(figsize=(10.5, 4.6), dpi=100)
     fig.clear()
     ax_w, ax_z = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.15, 1]})
     image = ax_w.imshow(state["weights"], cmap="viridis", vmin=0.0, vmax=1.0)
@@ -118,9 +118,10 @@ def draw_explorer(Q, K, V, tokens, temperature: float, query: int, fig=None):
                           xytext=(7, 5) if j % 2 else (7, -11))
         ax_z.scatter([z[0]], [z[1]], marker="*", s=260, color="#e4572e", zorder=3,
                      label=f"context vector $z$ of '{tokens[query]}'")
+        ax_z.margins(0.12)
         ax_z.set_xlabel("value dimension 0")
         ax_z.set_ylabel("value dimension 1")
-        ax_z.legend(fontsize=8, loc="best")
+        ax_z.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.17), ncol=2)
     else:
         ax_z.bar(range(len(z)), z, color="#e4572e")
         ax_z.set_xlabel("context vector dimension")
@@ -147,10 +148,15 @@ class AttentionExplorer:
         d_k = self.K.shape[1]
         self.default_temperature = math.sqrt(d_k) if temperature is None else float(temperature)
         self.state = explorer_state(self.Q, self.K, self.V, self.default_temperature, query)
-        lo, hi = TEMPERATURE_RANGE
+        # The slider's grid runs through the default exactly, so the browser does not snap it
+        # to a neighbouring step (which would redraw at once, away from the default).
+        step, centre = 0.02, math.log10(self.default_temperature)
+        lo, hi = (math.log10(t) for t in TEMPERATURE_RANGE)
         self.slider = widgets.FloatLogSlider(
-            value=self.default_temperature, base=10, min=math.log10(lo), max=math.log10(hi),
-            step=0.02, description="temperature τ", readout_format=".3f",
+            value=self.default_temperature, base=10, step=step,
+            min=centre - round((centre - lo) / step) * step,
+            max=centre + round((hi - centre) / step) * step,
+            description="temperature τ", readout_format=".3f",
             style={"description_width": "initial"}, continuous_update=True)
         self.picker = widgets.Dropdown(
             options=[(f"{i}: {t}", i) for i, t in enumerate(self.tokens)], value=query,
@@ -178,7 +184,11 @@ class AttentionExplorer:
         return fig
 
     def _on_change(self, _change=None) -> None:
-        self.state = explorer_state(self.Q, self.K, self.V, self.slider.value, self.picker.value)
+        temperature, query = self.slider.value, self.picker.value
+        if query == self.state["query"] and math.isclose(temperature, self.state["temperature"],
+                                                          rel_tol=1e-9):
+            return  # a round trip through the browser, not a new setting: keep the picture
+        self.state = explorer_state(self.Q, self.K, self.V, temperature, query)
         from IPython.display import clear_output, display
 
         with self.output:

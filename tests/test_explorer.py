@@ -130,3 +130,20 @@ def test_figure_for_wider_values_draws_bars():
     assert len(bars) == 5
     z = explorer_state(Q, K, V, 1.0, 0)["context"]
     np.testing.assert_allclose([b.get_height() for b in bars], z, atol=1e-12)
+
+
+def test_the_slider_grid_runs_through_the_default_and_round_trips_keep_the_state():
+    """The browser snaps a slider's value to its grid: the default must lie on it, and a value
+    that comes back from the browser unchanged (up to float rounding) must not redraw."""
+    pytest.importorskip("ipywidgets")
+    Q, K, V = qkv(d_k=3)
+    ex = AttentionExplorer(Q, K, V, TOKENS, query=1)
+    s = ex.slider
+    steps = (math.log10(ex.default_temperature) - s.min) / s.step
+    assert steps == pytest.approx(round(steps), abs=1e-9)
+    assert 10 ** s.min <= 0.031 and 10 ** s.max >= 29.0  # the ends of TEMPERATURE_RANGE, on the grid
+    before = ex.state
+    s.value = ex.default_temperature * (1 + 1e-13)
+    assert ex.state is before
+    s.value = 0.1
+    assert ex.state is not before and ex.state["temperature"] == 0.1

@@ -138,17 +138,19 @@ def test_stub_is_not_attempted(capsys):
 
 
 def test_hidden_cases_keep_every_mistake_apart():
-    """No hidden case may make two different mistakes give the same outputs."""
+    """No hidden case may make two different mistakes (or a mistake and the right answer) give
+    the same outputs: every scale the hints name, with the softmax over either dim."""
     rng = np.random.default_rng(0)
     for T, d_in, d_k, d_v in ((5, 7, 3, 2), (6, 5, 4, 3), (4, 6, 9, 5)):
         X = torch.tensor(rng.normal(size=(T, d_in)))
-        W = [torch.tensor(rng.normal(size=(d_in, d))) for d in (d_k, d_k, d_v)]
-        outs = [f(X, *W) for f in (root_d_k, root_d_in, root_d_v, d_k_no_root, d_in_no_root,
-                                   root_T, unscaled, dim0_only, dim0_and_root_d_in)]
+        W_q, W_k, W_v = (torch.tensor(rng.normal(size=(d_in, d))) for d in (d_k, d_k, d_v))
+        Q, K, V = X @ W_q, X @ W_k, X @ W_v
+        divisors = [math.sqrt(d_k), math.sqrt(d_in), math.sqrt(d_v), d_k, d_in, math.sqrt(T), 1.0]
+        outs = [torch.softmax(Q @ K.T / d, dim=dim) @ V for dim in (-1, 0) for d in divisors]
         for i in range(len(outs)):
             for j in range(i):
                 assert (outs[i] - outs[j]).abs().max() > 1e-3, (T, i, j)
-    assert len(nb02._scale_mistakes(5, 7, 3, 2)) == 7
+    assert len(nb02._scale_mistakes(5, 7, 3, 2)) == len(divisors)
 
 
 # 2.4: an in-place change of an input is seen ---------------------------------------------------

@@ -207,8 +207,10 @@ class AttentionExplorer:
         return self
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        bundle = self.panel._repr_mimebundle_(include=include, exclude=exclude) or {}
-        bundle = dict(bundle)
+        own = getattr(self.panel, "_repr_mimebundle_", None)  # ipywidgets 8; 7 (Colab) lacks it
+        bundle = dict((own(include=include, exclude=exclude) if own else None) or {})
+        bundle.setdefault("application/vnd.jupyter.widget-view+json", {
+            "version_major": 2, "version_minor": 0, "model_id": self.panel.model_id})
         bundle["text/plain"] = ("attention explorer: a temperature slider and a query picker "
                                 "(live with a running kernel; its default picture is below)")
         return bundle

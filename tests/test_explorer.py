@@ -109,6 +109,16 @@ def test_plain_text_form_is_fixed():
     assert text.startswith("attention explorer") and "0x" not in text and "model" not in text
 
 
+def test_widget_view_without_ipywidgets_8_repr(monkeypatch):
+    """ipywidgets 7 (Colab's) widgets have no _repr_mimebundle_: the view is built by hand."""
+    pytest.importorskip("ipywidgets")
+    Q, K, V = qkv()
+    ex = AttentionExplorer(Q, K, V, TOKENS)
+    monkeypatch.setattr(type(ex.panel), "_repr_mimebundle_", None, raising=False)
+    view = ex._repr_mimebundle_()["application/vnd.jupyter.widget-view+json"]
+    assert view == {"version_major": 2, "version_minor": 0, "model_id": ex.panel.model_id}
+
+
 def test_figure_outlines_the_query_row_and_labels_the_colour_bar():
     Q, K, V = qkv()
     fig = draw_explorer(Q, K, V, TOKENS, 0.7, query=2)

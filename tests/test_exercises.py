@@ -360,6 +360,32 @@ def perm_first_column_only(Z, Z_shuffled):  # rounding decides ties of a single 
     return np.array([int(np.argmin(np.abs(Z[:, 0] - row[0]))) for row in Z_shuffled][:1] * len(Z))
 
 
+def perm_centres_in_place(Z, Z_shuffled):  # right permutation, but the inputs are changed
+    Z -= Z.mean(axis=0)
+    Z_shuffled -= Z_shuffled.mean(axis=0)
+    return perm_ok(Z, Z_shuffled)
+
+
+def bug_fix_ok(X, W_q, W_k, W_v):
+    Q, K, V = X @ W_q, X @ W_k, X @ W_v
+    return torch.softmax(Q @ K.T / K.shape[-1] ** 0.5, dim=-1) @ V
+
+
+def bug_fix_still_in_place(X, W_q, W_k, W_v):
+    W_q /= W_k.shape[-1] ** 0.5
+    return torch.softmax((X @ W_q) @ (X @ W_k).T, dim=-1) @ (X @ W_v)
+
+
+def bug_fix_scale_d_in(X, W_q, W_k, W_v):
+    Q, K, V = X @ W_q, X @ W_k, X @ W_v
+    return torch.softmax(Q @ K.T / X.shape[-1] ** 0.5, dim=-1) @ V
+
+
+def bug_fix_columns(X, W_q, W_k, W_v):
+    Q, K, V = X @ W_q, X @ W_k, X @ W_v
+    return torch.softmax(Q @ K.T / K.shape[-1] ** 0.5, dim=0) @ V
+
+
 # 03 ------------------------------------------------------------------------------------------
 class WindowOK(torch.nn.Module):
     def __init__(self, d_in, d_out, context_length, window):
@@ -814,6 +840,12 @@ CASES = [
     (C.check_recover_permutation, (perm_inverse,), False, "inverse permutation"),
     (C.check_recover_permutation, (perm_exact,), False, "NEAREST row"),
     (C.check_recover_permutation, (perm_first_column_only,), False, "is not a permutation"),
+    (C.check_recover_permutation, (perm_centres_in_place,), False, "changed Z and Z_shuffled in place"),
+    (C.check_attention_bug_fix, (bug_fix_ok,), True, OK),
+    (C.check_attention_bug_fix, (stub1,), None, NA),
+    (C.check_attention_bug_fix, (bug_fix_still_in_place,), False, "changed W_q in place"),
+    (C.check_attention_bug_fix, (bug_fix_scale_d_in,), False, "sqrt(d_in)"),
+    (C.check_attention_bug_fix, (bug_fix_columns,), False, "softmax over dim=0"),
     # 03
     (C.check_sliding_window_attention, (WindowOK,), True, OK),
     (C.check_sliding_window_attention, (WindowSDPA,), True, OK),

@@ -28,6 +28,7 @@ __all__ = [
     "check_score_scale",
     "check_shift_matrix",
     "check_recover_permutation",
+    "check_attention_bug_fix",
 ]
 
 
@@ -216,12 +217,16 @@ def check_recover_permutation(recover_permutation):
         # Different order of summation: equal only up to rounding. Make that explicit.
         Z_shuffled = _attention_outputs(X[perm], W) + 1e-12 * rng.standard_normal((T, 4))
         Z_in, Zs_in = Z.copy(), Z_shuffled.copy()
-        raw = _call(recover_permutation, Z_in, Zs_in, name="recover_permutation",
+        raw = _call(recover_permutation, Z_in, Zs_in, name="recover_permutation", copy=False,
                     on_error="rows agree only up to rounding: match each row of Z_shuffled to "
                              "the NEAREST row of Z")
+        changed = [n for n, a, b in (("Z", Z_in, Z), ("Z_shuffled", Zs_in, Z_shuffled))
+                   if not np.array_equal(a, b)]
+        if changed:
+            raise _Wrong(f"your function changed {' and '.join(changed)} in place (e.g. "
+                         "`Z -= ...`, `Z.sort(...)` or writing into a row): leave the inputs as "
+                         "they are and compute into new arrays")
         got = _numbers(raw, "perm")
-        if not (np.array_equal(Z_in, Z) and np.array_equal(Zs_in, Z_shuffled)):
-            raise _Wrong("your function changed Z or Z_shuffled in place: leave them as they are")
         if got.size == T and got.ndim != 1:
             got = got.reshape(T)
         _shape(got, (T,), "perm", "(T,): one index per row of Z_shuffled")
@@ -242,3 +247,80 @@ def check_recover_permutation(recover_permutation):
                      "of Z")
     return ("the outputs are the same vectors, reordered: without positions the layer cannot "
             "tell the two word orders apart.")
+
+
+# --------------------------------------------------------------------------------------------
+# 2.5 Find the bugs in a plausible attention function
+# --------------------------------------------------------------------------------------------
+def _buggy_reference(X, W_q, W_k, W_v, divisor: float, axis: int = -1) -> np.ndarray:
+    """softmax(Q K^T / divisor) V with the softmax over ``axis`` (-1 is right, 0 a bug)."""
+    Q, K, V = X @ W_q, X @ W_k, X @ W_v
+    return _softmax(Q @ K.T / divisor, axis=axis) @ V
+
+
+def _scale_mistakes(T: int, d_in: int, d_k: int, d_v: int) -> list[tuple[str | None, float]]:
+    """(hint, divisor) for the right scale (hint None) and each wrong one."""
+    return [
+        (None, math.sqrt(d_k)),
+        (f"you divided the scores by sqrt(d_in) = sqrt({d_in}), the width of the embeddings "
+         "X.shape[-1] (d_model in a transformer); a score is the dot product of two "
+         f"{d_k}-dimensional vectors, q and k, so divide by sqrt(d_k) = sqrt(K.shape[-1]) = "
+         f"sqrt({d_k})", math.sqrt(d_in)),
+        (f"you divided the scores by sqrt(d_v) = sqrt({d_v}), the width of the values; the "
+         f"scores are dot products of queries and keys: divide by sqrt(d_k) = sqrt({d_k})",
+         math.sqrt(d_v)),
+        (f"you divided the scores by d_k = {d_k} itself; divide by its square root, "
+         f"sqrt(d_k) = {math.sqrt(d_k):.4f}: the standard deviation of q . k, not its variance",
+         float(d_k)),
+        (f"you divided the scores by d_in = {d_in}; the scale is sqrt(d_k) = sqrt({d_k}), from "
+         "the width of q and k", float(d_in)),
+        (f"you divided the scores by sqrt(T) = sqrt({T}), the number of tokens (K.shape[0]); "
+         f"the scale is sqrt(d_k) = sqrt(K.shape[-1]) = sqrt({d_k})", math.sqrt(T)),
+        ("the scores are not scaled at all: divide Q @ K.T by sqrt(d_k)", 1.0),
+    ]
+
+
+_AXIS_HINT = ("softmax over dim=0 normalises each key's column over the queries; each query's "
+              "ROW of weights must sum to 1: softmax over the last dim (dim=-1)")
+
+
+@_checker
+def check_attention_bug_fix(attention_fixed):
+    """Exercise 2.5: ``attention_fixed(X, W_q, W_k, W_v)`` -> ``Z = softmax(Q K^T / sqrt(d_k)) V``
+    of shape ``(T, d_v)``. X: ``(T, d_in)``; W_q, W_k: ``(d_in, d_k)``; W_v: ``(d_in, d_v)``
+    (float64 tensors). The inputs must be left unchanged."""
+    import torch
+
+    rng = _rng(205)
+    # every size differs from the others, so each wrong scale gives different numbers
+    for T, d_in, d_k, d_v in ((5, 7, 3, 2), (6, 5, 4, 3), (4, 6, 9, 5), (1, 4, 2, 3)):
+        X = rng.normal(size=(T, d_in))
+        W_q, W_k, W_v = (rng.normal(size=(d_in, d)) for d in (d_k, d_k, d_v))
+        inputs = [torch.tensor(a) for a in (X, W_q, W_k, W_v)]
+        shapes = (f"on X of shape {(T, d_in)}, W_q and W_k of shape {(d_in, d_k)} and W_v of "
+                  f"shape {(d_in, d_v)}")
+        raw = _call(attention_fixed, *inputs, name="attention_fixed", copy=False)
+        changed = [name for name, t, a in zip(("X", "W_q", "W_k", "W_v"), inputs,
+                                              (X, W_q, W_k, W_v), strict=True)
+                   if t.shape != a.shape or not np.array_equal(t.detach().numpy(), a)]
+        if changed:
+            raise _Wrong(f"your function changed {', '.join(changed)} in place ({shapes}): "
+                         "`W_q /= ...` rescales the caller's own matrix, so every call shrinks it "
+                         "again and the same inputs give a different answer the next time. "
+                         "Compute a new tensor instead (W_q / ..., or divide the scores)")
+        got = _numbers(raw, "the output")
+        _shape(got, (T, d_v), f"{shapes}, the output", "(T, d_v): one context vector per token")
+        if _close(got, _buggy_reference(X, W_q, W_k, W_v, math.sqrt(d_k))):
+            continue
+        for axis in (-1, 0):
+            for hint, divisor in _scale_mistakes(T, d_in, d_k, d_v):
+                if not _close(got, _buggy_reference(X, W_q, W_k, W_v, divisor, axis)):
+                    continue
+                hints = [h for h in (_AXIS_HINT if axis == 0 else None, hint) if h]
+                which = "two bugs left: " if len(hints) == 2 else ""
+                raise _Wrong(f"{shapes}: {which}" + "; and ".join(hints))
+        raise _Wrong(f"{shapes}, the output differs from softmax(Q K^T / sqrt(d_k)) V by up to "
+                     f"{_maxdiff(got, _buggy_reference(X, W_q, W_k, W_v, math.sqrt(d_k)))}: "
+                     "compare your Q, K, V, scores and weights with the formula one at a time")
+    return ("three bugs fixed: the input stays untouched, the scale comes from d_k, and each "
+            "query's weights sum to 1.")

@@ -4,7 +4,7 @@
 - ``shared.modules``: PyTorch attention modules, single-head to fused multi-head (02-04).
 - ``shared.heads``: ``split_heads``/``merge_heads``, the head layout (04).
 - ``shared.positional``: sinusoidal encodings (02), RoPE and ALiBi (07).
-- ``shared.explorer``: an interactive temperature/query explorer, with a static default picture (02).
+- ``shared.explorer``: an interactive temperature/query explorer with a static default (02).
 - ``shared.flash`` and ``shared.benchmark``: tiled attention (with its logsumexp for the backward
   pass), devices, timing, memory (05).
 - ``shared.tiny_transformer``: a tiny attention-only transformer, head scores, ablation (06).

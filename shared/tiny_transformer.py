@@ -249,8 +249,9 @@ class TinyTransformer(nn.Module):
     ``positional`` says where position enters (notebook 07): ``"learned"`` (default) adds the
     learned table ``pos_emb`` to the input, which limits ``T`` to ``context_length``;
     ``"rope"`` rotates every head's queries and keys (``shared.positional.apply_rope``,
-    half-split, at positions ``0 .. T-1`` divided by ``rope_scale``, 1 unless you set it:
-    ``rope_scale > 1`` is position interpolation); ``"alibi"`` adds
+    half-split, at positions ``0 .. T-1`` divided by ``rope_scale`` with frequencies from
+    ``rope_base``: attributes, 1 and 10,000 unless you set them; ``rope_scale > 1`` is position
+    interpolation, a larger ``rope_base`` slows every pair but the first); ``"alibi"`` adds
     ``shared.positional.alibi_bias`` to the scores; ``"none"`` uses no position at all (only
     the causal mask). Those three have no position table (``pos_emb`` is None) and accept any
     ``T``.
@@ -262,7 +263,8 @@ class TinyTransformer(nn.Module):
         if positional not in POSITIONAL:
             raise ValueError(f"positional must be one of {POSITIONAL}; got {positional!r}")
         self.positional = positional
-        self.rope_scale = 1.0
+        self.rope_scale = 1.0  # RoPE only: positions are divided by it (position interpolation)
+        self.rope_base = 10000.0  # RoPE only: theta_i = rope_base ** (-2i / head_dim)
         self.vocab_size = _check_int("vocab_size", vocab_size, 2)
         self.context_length = _check_int("context_length", context_length)
         self.d_model = _check_int("d_model", d_model)
@@ -327,8 +329,8 @@ class TinyTransformer(nn.Module):
                    for lin in (layer.W_query, layer.W_key, layer.W_value))
         if self.positional == "rope":
             positions = torch.arange(T)
-            Q = apply_rope(Q, positions, scale=self.rope_scale)
-            K = apply_rope(K, positions, scale=self.rope_scale)
+            Q = apply_rope(Q, positions, base=self.rope_base, scale=self.rope_scale)
+            K = apply_rope(K, positions, base=self.rope_base, scale=self.rope_scale)
         scores = Q @ K.transpose(-2, -1) / math.sqrt(hd)  # (B, H, T, T)
         if self.positional == "alibi":
             scores = scores + alibi_bias(H, T, scores.dtype).to(scores.device)  # -inf above

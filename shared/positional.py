@@ -126,7 +126,7 @@ def _check_positions(positions, T: int) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, positions, base: float = 10000.0,
-               interleaved: bool = False) -> torch.Tensor:
+               interleaved: bool = False, scale: float = 1.0) -> torch.Tensor:
     """Rotary position embedding: rotate every feature pair of ``x`` by ``position * theta_i``.
 
     Token ``t`` (row ``x[..., t, :]``) sits at ``positions[t]``; its pair ``i`` is turned by the
@@ -142,6 +142,10 @@ def apply_rope(x: torch.Tensor, positions, base: float = 10000.0,
     position m and a key at position n the dot product of the rotated vectors depends on m - n
     only. The two conventions give different results on the same ``x``; ``rope_permutation``
     maps one onto the other.
+
+    ``scale > 1`` is *position interpolation* (Chen et al., 2023): every position is divided by
+    ``scale`` before it is turned into angles, so ``scale`` times as many tokens fit into the
+    range of angles a model saw in training (``scale = 1``, the default, is plain RoPE).
 
     Shapes:
         x ``(..., T, d)`` floating-point tensor, ``d`` even (e.g. ``(B, H, T, head_dim)``);
@@ -166,9 +170,12 @@ def apply_rope(x: torch.Tensor, positions, base: float = 10000.0,
         )
     if not isinstance(interleaved, bool):
         raise TypeError(f"interleaved must be True or False; got {interleaved!r}")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0 \
+            or not math.isfinite(scale):
+        raise ValueError(f"scale must be a positive finite number (1 = plain RoPE); got {scale!r}")
     theta = rope_frequencies(d, base)  # (d/2,) float64
     pos = _check_positions(positions, T)  # (T,) int64
-    angles = pos.to(torch.float64)[:, None] * theta[None, :]  # (T, d/2)
+    angles = (pos.to(torch.float64) / float(scale))[:, None] * theta[None, :]  # (T, d/2)
     cos = angles.cos().to(device=x.device, dtype=x.dtype)
     sin = angles.sin().to(device=x.device, dtype=x.dtype)
     if interleaved:

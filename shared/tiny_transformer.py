@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .modules import MultiHeadAttention
+from .positional import alibi_bias, apply_rope
 
 __all__ = [
     "BOS",
@@ -46,12 +47,19 @@ __all__ = [
     "next_token_losses",
     "evaluate",
     "ablate_heads",
+    "head_contexts",
     "adam_step",
     "train",
     "phase_change_step",
+    "steepest_drop_step",
+    "best_possible_losses",
+    "ov_circuit",
+    "copying_score",
+    "POSITIONAL",
 ]
 
 BOS = 0  # the token every sequence starts with
+POSITIONAL = ("learned", "rope", "alibi", "none")  # where TinyTransformer puts position
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
@@ -237,18 +245,36 @@ class TinyTransformer(nn.Module):
     ``logits = unembed(x)``. Each layer is a ``shared.modules.MultiHeadAttention(d_model,
     d_model, context_length, 0.0, num_heads)``, so head ``h`` of a layer owns the features
     ``h*head_dim:(h+1)*head_dim`` of the concatenation that its ``out_proj`` maps back.
+
+    ``positional`` says where position enters (notebook 07): ``"learned"`` (default) adds the
+    learned table ``pos_emb`` to the input, which limits ``T`` to ``context_length``;
+    ``"rope"`` rotates every head's queries and keys (``shared.positional.apply_rope``,
+    half-split, at positions ``0 .. T-1`` divided by ``rope_scale`` with frequencies from
+    ``rope_base``: attributes, 1 and 10,000 unless you set them; ``rope_scale > 1`` is position
+    interpolation, a larger ``rope_base`` slows every pair but the first); ``"alibi"`` adds
+    ``shared.positional.alibi_bias`` to the scores; ``"none"`` uses no position at all (only
+    the causal mask). Those three have no position table (``pos_emb`` is None) and accept any
+    ``T``.
     """
 
     def __init__(self, vocab_size: int, context_length: int, d_model: int = 32,
-                 num_heads: int = 2, num_layers: int = 2):
+                 num_heads: int = 2, num_layers: int = 2, positional: str = "learned"):
         super().__init__()
+        if positional not in POSITIONAL:
+            raise ValueError(f"positional must be one of {POSITIONAL}; got {positional!r}")
+        self.positional = positional
+        self.rope_scale = 1.0  # RoPE only: positions are divided by it (position interpolation)
+        self.rope_base = 10000.0  # RoPE only: theta_i = rope_base ** (-2i / head_dim)
         self.vocab_size = _check_int("vocab_size", vocab_size, 2)
         self.context_length = _check_int("context_length", context_length)
         self.d_model = _check_int("d_model", d_model)
         self.num_heads = _check_int("num_heads", num_heads)
         self.num_layers = _check_int("num_layers", num_layers)
         self.tok_emb = nn.Embedding(vocab_size, d_model)
-        self.pos_emb = nn.Embedding(context_length, d_model)
+        self.pos_emb = nn.Embedding(context_length, d_model) if positional == "learned" else None
+        if positional == "rope" and (d_model // num_heads) % 2:
+            raise ValueError(f"RoPE rotates pairs of features: head_dim = d_model // num_heads "
+                             f"must be even; got {d_model} // {num_heads}")
         self.layers = nn.ModuleList(
             MultiHeadAttention(d_model, d_model, context_length, 0.0, num_heads)
             for _ in range(num_layers)
@@ -270,22 +296,50 @@ class TinyTransformer(nn.Module):
         if tokens.ndim != 2:
             raise ValueError(f"tokens must be 2-D (B, T); got shape {tuple(tokens.shape)}")
         B, T = tokens.shape
-        if T > self.context_length:
+        if T > self.context_length and self.positional == "learned":
             raise ValueError(f"tokens has T = {T} positions but context_length = "
                              f"{self.context_length}")
         if tokens.numel() and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
             raise ValueError(f"token ids must lie in 0 .. {self.vocab_size - 1}; got "
                              f"{int(tokens.min())} .. {int(tokens.max())}")
-        x = self.tok_emb(tokens) + self.pos_emb.weight[:T]  # (B, T, d_model)
+        x = self.tok_emb(tokens)  # (B, T, d_model)
+        if self.positional == "learned":
+            x = x + self.pos_emb.weight[:T]
         all_weights = []
         for layer in self.layers:
-            out, weights = layer(x, return_weights=True)  # (B, T, d), (B, H, T, T)
+            if self.positional == "learned":
+                out, weights = layer(x, return_weights=True)  # (B, T, d), (B, H, T, T)
+            else:
+                out, weights = self._attend(layer, x)
             x = x + out  # the residual stream
             all_weights.append(weights)
         logits = self.unembed(x)  # (B, T, vocab_size)
         if return_weights:
             return logits, torch.stack(all_weights, dim=1)  # (B, layers, H, T, T)
         return logits
+
+
+    def _attend(self, layer: MultiHeadAttention, x: torch.Tensor):
+        """One attention layer with position inside attention (RoPE, ALiBi or none): the same
+        projections as ``layer``'s own forward. Returns ``(out (B, T, d), weights (B, H, T,
+        T))``."""
+        B, T, _ = x.shape
+        H, hd = self.num_heads, self.head_dim
+        Q, K, V = (lin(x).view(B, T, H, hd).transpose(1, 2)  # (B, H, T, hd)
+                   for lin in (layer.W_query, layer.W_key, layer.W_value))
+        if self.positional == "rope":
+            positions = torch.arange(T)
+            Q = apply_rope(Q, positions, base=self.rope_base, scale=self.rope_scale)
+            K = apply_rope(K, positions, base=self.rope_base, scale=self.rope_scale)
+        scores = Q @ K.transpose(-2, -1) / math.sqrt(hd)  # (B, H, T, T)
+        if self.positional == "alibi":
+            scores = scores + alibi_bias(H, T, scores.dtype).to(scores.device)  # -inf above
+        else:
+            future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+            scores = scores.masked_fill(future, float("-inf"))
+        weights = torch.softmax(scores, dim=-1)
+        context = (weights @ V).transpose(1, 2).reshape(B, T, H * hd)
+        return layer.out_proj(context), weights
 
 
 def next_token_losses(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -327,8 +381,10 @@ def evaluate(model: TinyTransformer, tokens: torch.Tensor) -> dict:
     }
 
 
-def ablate_heads(model: TinyTransformer, heads) -> TinyTransformer:
-    """A copy of ``model`` in which the given heads contribute nothing (zero ablation).
+def ablate_heads(model: TinyTransformer, heads, mean_over: torch.Tensor | None = None
+                 ) -> TinyTransformer:
+    """A copy of ``model`` in which the given heads contribute nothing (zero ablation), or, with
+    ``mean_over``, only their average output (mean ablation).
 
     ``heads`` is an iterable of ``(layer, head)`` pairs. Head ``h``'s output enters the residual
     stream only through its slice of the output projection, ``concat[..., h*hd:(h+1)*hd] @
@@ -336,6 +392,12 @@ def ablate_heads(model: TinyTransformer, heads) -> TinyTransformer:
     ``out_proj.weight`` (the rows of the math's ``W_o``) removes exactly that head. Its attention
     weights are unchanged; ``out_proj.bias`` is shared by all heads and stays. ``model`` itself is
     not modified.
+
+    Mean ablation: with ``mean_over`` tokens ``(B, T)``, each listed head's context vector
+    (its weighted sum of values, ``(head_dim,)``) is averaged over those sequences and positions in
+    the *unablated* model, and that average's contribution ``mean @ W_o^(h)`` is added to
+    ``out_proj.bias`` before the columns are zeroed: the head then writes the same constant
+    vector at every position, the typical output it had on that data, instead of nothing.
     """
     if not isinstance(model, TinyTransformer):
         raise TypeError(f"model must be a TinyTransformer; got {type(model).__name__}")
@@ -348,12 +410,48 @@ def ablate_heads(model: TinyTransformer, heads) -> TinyTransformer:
         if not (0 <= layer < model.num_layers and 0 <= head < model.num_heads):
             raise ValueError(f"no head {pair!r}: layers are 0 .. {model.num_layers - 1}, heads "
                              f"0 .. {model.num_heads - 1}")
-    ablated = copy.deepcopy(model)
     hd = model.head_dim
+    means = {}
+    if mean_over is not None:
+        contexts = head_contexts(model, mean_over)
+        means = {(l, h): contexts[l][:, h].mean(dim=(0, 1)) for l, h in pairs}  # (hd,) each
+    ablated = copy.deepcopy(model)
     with torch.no_grad():
         for layer, head in pairs:
-            ablated.layers[layer].out_proj.weight[:, head * hd:(head + 1) * hd] = 0.0
+            out_proj = ablated.layers[layer].out_proj
+            cols = slice(head * hd, (head + 1) * hd)
+            if (layer, head) in means:
+                out_proj.bias += out_proj.weight[:, cols] @ means[layer, head]
+            out_proj.weight[:, cols] = 0.0
     return ablated
+
+
+@torch.no_grad()
+def head_contexts(model: TinyTransformer, tokens: torch.Tensor) -> list[torch.Tensor]:
+    """Every head's output before the output projection (its weighted sum of values), layer by
+    layer: a list of ``num_layers`` tensors ``(B, num_heads, T, head_dim)``.
+
+    Shapes: tokens ``(B, T)``. Computed from the weights ``forward`` returns and each layer's
+    ``W_value`` applied to that layer's input (the residual stream before it)."""
+    tokens = _check_tokens("tokens", tokens, 2)
+    was_training = model.training
+    model.eval()
+    try:
+        _, weights = model(tokens, return_weights=True)  # (B, layers, H, T, T)
+        B, T = tokens.shape
+        H, hd = model.num_heads, model.head_dim
+        x = model.tok_emb(tokens)
+        if model.positional == "learned":
+            x = x + model.pos_emb.weight[:T]
+        contexts = []
+        for l, layer in enumerate(model.layers):
+            V = layer.W_value(x).view(B, T, H, hd).transpose(1, 2)  # (B, H, T, hd)
+            ctx = weights[:, l] @ V
+            contexts.append(ctx)
+            x = x + layer.out_proj(ctx.transpose(1, 2).reshape(B, T, H * hd))
+    finally:
+        model.train(was_training)
+    return contexts
 
 
 # --------------------------------------------------------------------------------------------
@@ -385,15 +483,16 @@ def adam_step(params, state: dict, lr: float, betas: tuple = (0.9, 0.999),
 
 
 def train(model: TinyTransformer, steps: int, *, min_period: int, max_period: int,
-          batch_size: int = 64, lr: float = 1e-2, seed: int = 0,
+          batch_size: int = 64, lr: float = 1e-2, seed: int = 0, seq_len: int | None = None,
           eval_tokens: torch.Tensor | None = None, eval_every: int = 10,
           progress: bool = False) -> dict:
     """Train ``model`` in place on ``repeated_tokens`` batches with Adam (``adam_step``) and a
     cosine learning rate decaying from ``lr`` to 0; return the history.
 
-    Every batch is fresh (``batch_size`` sequences of ``model.context_length`` tokens, periods
-    ``min_period .. max_period``), drawn from a generator seeded with ``seed``. Seed the model's
-    initialisation yourself (``torch.manual_seed`` before building it).
+    Every batch is fresh (``batch_size`` sequences of ``seq_len`` tokens, by default
+    ``model.context_length``, periods ``min_period .. max_period``), drawn from a generator
+    seeded with ``seed``. Seed the model's initialisation yourself (``torch.manual_seed``
+    before building it).
 
     PyTorch runs on one thread inside this function (restored afterwards): for a model this
     small that is as fast as more threads, and the result then does not depend on how many cores
@@ -412,6 +511,7 @@ def train(model: TinyTransformer, steps: int, *, min_period: int, max_period: in
         raise TypeError(f"model must be a TinyTransformer; got {type(model).__name__}")
     _check_int("steps", steps)
     _check_int("eval_every", eval_every)
+    seq_len = model.context_length if seq_len is None else _check_int("seq_len", seq_len, 3)
     history: dict = {"loss": [], "eval_step": [], "repeat_loss": [], "first_loss": [],
                      "repeat_accuracy": [], "previous_token_scores": [], "induction_scores": []}
 
@@ -437,7 +537,7 @@ def train(model: TinyTransformer, steps: int, *, min_period: int, max_period: in
             if eval_tokens is not None and step % eval_every == 0:
                 record(step)
                 bar.set_postfix(repeat_loss=f"{history['repeat_loss'][-1]:.3f}", refresh=False)
-            tokens = repeated_tokens(batch_size, model.context_length, model.vocab_size,
+            tokens = repeated_tokens(batch_size, seq_len, model.vocab_size,
                                      min_period, max_period, generator)
             loss = next_token_losses(model(tokens), tokens).mean()
             model.zero_grad(set_to_none=True)
@@ -464,3 +564,101 @@ def phase_change_step(eval_steps, losses) -> int:
                          f"steps and {len(losses)} losses")
     halfway = (losses[0] + losses[-1]) / 2
     return next(s for s, v in zip(eval_steps, losses, strict=True) if v <= halfway)
+
+
+def steepest_drop_step(eval_steps, losses) -> int:
+    """Where ``losses`` falls fastest: the middle of the interval between two consecutive
+    evaluations with the largest drop per step. Shapes: two sequences of the same length >= 2,
+    ``eval_steps`` increasing. Returns an int (rounded down)."""
+    eval_steps, losses = [int(s) for s in eval_steps], [float(v) for v in losses]
+    if len(eval_steps) != len(losses) or len(losses) < 2:
+        raise ValueError(f"need two sequences of the same length >= 2; got {len(eval_steps)} "
+                         f"steps and {len(losses)} losses")
+    if any(b <= a for a, b in zip(eval_steps[:-1], eval_steps[1:], strict=True)):
+        raise ValueError("eval_steps must be strictly increasing")
+    slopes = [(losses[i] - losses[i + 1]) / (eval_steps[i + 1] - eval_steps[i])
+              for i in range(len(losses) - 1)]
+    i = max(range(len(slopes)), key=slopes.__getitem__)
+    return (eval_steps[i] + eval_steps[i + 1]) // 2
+
+
+def best_possible_losses(tokens: torch.Tensor, vocab_size: int, min_period: int,
+                         max_period: int) -> torch.Tensor:
+    """The lowest expected cross-entropy any model can reach on these sequences, prediction by
+    prediction, if it knows how they were made (``repeated_tokens`` with periods drawn uniformly
+    from ``min_period .. max_period``): the loss of the Bayes-optimal predictor.
+
+    After ``n`` tokens (``BOS`` excluded) every period ``p`` that agrees with them is still
+    possible, with posterior weight proportional to its likelihood (``p`` distinct tokens drawn
+    without replacement). A period ``p <= n`` predicts the token ``p`` back for sure; a longer one
+    predicts a token not yet seen, uniformly among the ``vocab_size - 1 - n`` left.
+
+    Shapes: tokens ``(B, T)`` -> ``(B, T - 1)`` (nats), aligned with ``next_token_losses``:
+    entry ``t`` is the loss of predicting ``tokens[:, t + 1]``. ``inf`` where the sequence is
+    impossible under the assumed periods.
+    """
+    tokens = _check_tokens("tokens", tokens, 2)
+    _check_int("vocab_size", vocab_size, 3)
+    _check_int("min_period", min_period, 1)
+    _check_int("max_period", max_period, 1)
+    if max_period < min_period:
+        raise ValueError(f"max_period must be >= min_period; got {min_period}, {max_period}")
+    if (tokens[:, 0] != BOS).any():
+        raise ValueError("every sequence must start with BOS (token 0)")
+    letters = tokens[:, 1:].to(torch.long)  # (B, N): the tokens after BOS
+    B, N = letters.shape
+    j = torch.arange(N)
+    seen = (letters.unsqueeze(-1) == letters.unsqueeze(-2)) & (j.unsqueeze(1) > j.unsqueeze(0))
+    new = ~seen.any(dim=-1)  # (B, N): letter j differs from every earlier one
+    # log of 1 / (V - 1 - j): the chance of drawing letter j when j letters are already taken
+    log_draw = -torch.log(torch.clamp(vocab_size - 1 - j.to(torch.float64), min=1.0))
+    log_post, log_pred = [], []
+    for p in range(min_period, max_period + 1):
+        in_period = j < p
+        ok = torch.where(in_period, new, letters == letters.roll(p, dims=1))  # (B, N)
+        # prefix of n letters (n = 0 .. N - 1) consistent with p: letters 0 .. n - 1 all ok
+        ok_prefix = torch.cat([torch.ones(B, 1, dtype=torch.bool),
+                               ok[:, :-1].cumprod(dim=1).bool()], dim=1)  # (B, N)
+        log_like = torch.cat([torch.zeros(1, dtype=torch.float64),
+                              torch.cumsum(torch.where(in_period, log_draw, 0.0), 0)[:-1]])
+        log_post.append(torch.where(ok_prefix, log_like.expand(B, N), -math.inf))
+        # the chance p gives the letter that really comes next (letter n)
+        log_pred.append(torch.where(ok, torch.where(in_period, log_draw, 0.0), -math.inf))
+    log_post = torch.stack(log_post)  # (P, B, N)
+    log_post = log_post - torch.logsumexp(log_post, dim=0, keepdim=True)
+    return -torch.logsumexp(log_post + torch.stack(log_pred), dim=0)  # (B, N) = (B, T - 1)
+
+
+def ov_circuit(model: TinyTransformer, layer: int, head: int) -> torch.Tensor:
+    """The OV circuit of one head read from token to logit, ``W_E W_V^h W_O^h W_U`` (Elhage et
+    al., 2021): row ``a`` is what the head adds to the logits when it attends to a position
+    holding token ``a`` (with weight 1, through the token embedding only).
+
+    ``W_E`` is ``tok_emb.weight`` ``(V, d)``, ``W_V^h`` the head's columns of the math's ``W_v``
+    ``(d, head_dim)``, ``W_O^h`` its rows of ``W_o`` ``(head_dim, d)``, ``W_U`` the unembedding
+    ``(d, V)``. Returns ``(vocab_size, vocab_size)``: source token down, output logit across.
+    """
+    if not isinstance(model, TinyTransformer):
+        raise TypeError(f"model must be a TinyTransformer; got {type(model).__name__}")
+    if not (isinstance(layer, int) and isinstance(head, int) and 0 <= layer < model.num_layers
+            and 0 <= head < model.num_heads):
+        raise ValueError(f"no head ({layer!r}, {head!r}): layers are 0 .. {model.num_layers - 1},"
+                         f" heads 0 .. {model.num_heads - 1}")
+    hd = model.head_dim
+    cols = slice(head * hd, (head + 1) * hd)
+    mha = model.layers[layer]
+    with torch.no_grad():
+        W_V = mha.W_value.weight[cols].T  # (d, hd)
+        W_O = mha.out_proj.weight[:, cols].T  # (hd, d)
+        return model.tok_emb.weight @ W_V @ W_O @ model.unembed.weight.T  # (V, V)
+
+
+def copying_score(ov: torch.Tensor) -> float:
+    """Elhage et al.'s (2021) copying score of a square circuit matrix: ``Re(sum lambda) /
+    sum |lambda|`` over its eigenvalues. 1 when every eigenvalue is positive (the matrix maps
+    each token mostly onto itself), -1 when every one is negative. Shapes: ``(n, n)`` -> float."""
+    if not isinstance(ov, torch.Tensor) or ov.ndim != 2 or ov.shape[0] != ov.shape[1]:
+        raise ValueError(f"ov must be a square (n, n) tensor; got "
+                         f"{tuple(getattr(ov, 'shape', ()))}")
+    eig = torch.linalg.eigvals(ov.double())
+    return float(eig.sum().real / eig.abs().sum())

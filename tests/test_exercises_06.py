@@ -11,7 +11,13 @@ import pytest
 import torch
 
 from shared import exercises as ex
-from shared.modules import MultiHeadAttention
+from shared.tiny_transformer import (
+    TinyTransformer,
+    ablate_heads,
+    head_contexts,
+    repeated_tokens,
+    train,
+)
 
 NA, OK = "not attempted yet", "correct!"
 
@@ -21,107 +27,119 @@ def stub(*args, **kwargs):
     return None
 
 
+# shared by the training experiments: train once, hand out copies -----------------------------
+_CACHE: dict = {}
+
+
+def _trained(key, layers, d, heads, min_p, max_p, steps=300):
+    if key not in _CACHE:
+        torch.manual_seed(0)
+        model = TinyTransformer(27, 21, d_model=d, num_heads=heads, num_layers=layers)
+        if steps:
+            train(model, steps, min_period=min_p, max_period=max_p, batch_size=48, seed=0)
+        _CACHE[key] = model
+    return copy.deepcopy(_CACHE[key])
+
+
 # 6.1 ------------------------------------------------------------------------------------------
-def prev_ok(weights):
-    return weights.diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=-1)
+def wide_ok():
+    return _trained("wide", 1, 64, 4, 4, 12)
 
 
-def prev_loop(weights):  # slower, same answer
-    T = weights.shape[-1]
-    return sum(weights[..., i, i - 1] for i in range(1, T)) / (T - 1)
+def wide_two_layers():  # the architecture is checked first: no need to train it
+    return _trained("wide2", 2, 64, 4, 4, 12, steps=0)
 
 
-def prev_self(weights):
-    return weights.diagonal(dim1=-2, dim2=-1).mean(dim=-1)
+def wide_untrained():
+    return _trained("wide0", 1, 64, 4, 4, 12, steps=0)
 
 
-def prev_next(weights):
-    return weights.diagonal(offset=1, dim1=-2, dim2=-1).mean(dim=-1)
+def wide_narrow():
+    return _trained("narrow", 1, 32, 2, 4, 12, steps=0)
 
 
-def prev_over_all_rows(weights):
-    return weights.diagonal(offset=-1, dim1=-2, dim2=-1).sum(dim=-1) / weights.shape[-1]
-
-
-def prev_sum(weights):
-    return weights.diagonal(offset=-1, dim1=-2, dim2=-1).sum(dim=-1)
-
-
-def prev_default_dims(weights):
-    return torch.diagonal(weights, -1).mean(dim=-1)
-
-
-def prev_one_number(weights):
-    return weights.diagonal(offset=-1, dim1=-2, dim2=-1).mean()
+def wide_with_history():
+    return wide_ok(), {"loss": []}
 
 
 # 6.2 ------------------------------------------------------------------------------------------
-def ablate_ok(mha, head):
-    ablated = copy.deepcopy(mha)
-    hd = mha.head_dim
+def _forward_with(model, tokens, new_context):
+    """The model's forward pass where new_context(layer, ctx) may replace a layer's contexts."""
+    B, T = tokens.shape
+    H, hd = model.num_heads, model.head_dim
+    x = model.tok_emb(tokens) + model.pos_emb.weight[:T]
+    for l, layer in enumerate(model.layers):
+        _, w = layer(x, return_weights=True)
+        ctx = new_context(l, w @ layer.W_value(x).view(B, T, H, hd).transpose(1, 2))
+        x = x + layer.out_proj(ctx.transpose(1, 2).reshape(B, T, H * hd))
+    return model.unembed(x)
+
+
+def _replacing(model, tokens, heads, mean):
+    clean = head_contexts(model, tokens)
+
+    def new_context(l, ctx):
+        ctx = ctx.clone()
+        for hl, h in heads:
+            if hl == l:
+                ctx[:, h] = mean(clean[l][:, h])
+        return ctx
+
     with torch.no_grad():
-        ablated.out_proj.weight[:, head * hd:(head + 1) * hd] = 0.0
-    return ablated
+        return _forward_with(model, tokens, new_context)
 
 
-def ablate_values(mha, head):  # zero values (weight and bias) -> zero context: also right
-    ablated = copy.deepcopy(mha)
-    rows = slice(head * mha.head_dim, (head + 1) * mha.head_dim)
+def pma_ok(model, tokens, heads):
+    return _replacing(model, tokens, heads, lambda c: c.mean(dim=0, keepdim=True))
+
+
+def pma_zero(model, tokens, heads):
+    return _replacing(model, tokens, heads, lambda c: torch.zeros_like(c))
+
+
+def pma_global(model, tokens, heads):
+    return _replacing(model, tokens, heads, lambda c: c.mean(dim=(0, 1), keepdim=True))
+
+
+def pma_per_sequence(model, tokens, heads):
+    return _replacing(model, tokens, heads, lambda c: c.mean(dim=1, keepdim=True))
+
+
+def pma_shared_mean(model, tokens, heads):  # the course's plain mean ablation: global mean
     with torch.no_grad():
-        ablated.W_value.weight[rows] = 0.0
-        if ablated.W_value.bias is not None:
-            ablated.W_value.bias[rows] = 0.0
-    return ablated
+        return ablate_heads(model, heads, mean_over=tokens)(tokens)
 
 
-def ablate_in_place(mha, head):
-    hd = mha.head_dim
+def pma_sequential(model, tokens, heads):
+    def new_context(l, ctx):
+        ctx = ctx.clone()
+        for hl, h in heads:
+            if hl == l:
+                ctx[:, h] = ctx[:, h].mean(dim=0, keepdim=True)
+        return ctx
+
     with torch.no_grad():
-        mha.out_proj.weight[:, head * hd:(head + 1) * hd] = 0.0
-    return mha
+        return _forward_with(model, tokens, new_context)
 
 
-def ablate_rows(mha, head):
-    ablated = copy.deepcopy(mha)
-    hd = mha.head_dim
+def pma_next_head(model, tokens, heads):
+    return pma_ok(model, tokens, [(l, (h + 1) % model.num_heads) for l, h in heads])
+
+
+def pma_nothing(model, tokens, heads):
     with torch.no_grad():
-        ablated.out_proj.weight[head * hd:(head + 1) * hd] = 0.0
-    return ablated
+        return model(tokens)
 
 
-def ablate_queries(mha, head):
-    ablated = copy.deepcopy(mha)
-    hd = mha.head_dim
+def pma_in_place(model, tokens, heads):
+    out = pma_ok(model, tokens, heads)
     with torch.no_grad():
-        ablated.W_query.weight[head * hd:(head + 1) * hd] = 0.0
-    return ablated
+        model.unembed.bias.add_(1.0)
+    return out
 
 
-def ablate_value_weight_only(mha, head):
-    ablated = copy.deepcopy(mha)
-    hd = mha.head_dim
-    with torch.no_grad():
-        ablated.W_value.weight[head * hd:(head + 1) * hd] = 0.0
-    return ablated
-
-
-def ablate_next_head(mha, head):
-    return ablate_ok(mha, (head + 1) % mha.num_heads)
-
-
-def ablate_and_bias(mha, head):
-    ablated = ablate_ok(mha, head)
-    with torch.no_grad():
-        ablated.out_proj.bias.zero_()
-    return ablated
-
-
-def ablate_nothing(mha, head):
-    return copy.deepcopy(mha)
-
-
-def ablate_returns_weights(mha, head):
-    return ablate_ok(mha, head).out_proj.weight
+def pma_returns_model(model, tokens, heads):
+    return ablate_heads(model, heads)
 
 
 # 6.3 ------------------------------------------------------------------------------------------
@@ -164,30 +182,44 @@ def find_first(weights, tokens):
     return 0
 
 
+# 6.4 ------------------------------------------------------------------------------------------
+def fixed_ok():
+    return _trained("fixed", 2, 32, 2, 10, 10)
+
+
+def varied():
+    return _trained("varied", 2, 32, 2, 4, 12)
+
+
+def fixed_untrained():
+    return _trained("fixed0", 2, 32, 2, 10, 10, steps=0)
+
+
 C = ex
 CASES = [
     # 6.1
-    (C.check_previous_token_score, (prev_ok,), True, OK),
-    (C.check_previous_token_score, (prev_loop,), True, "a perfect previous-token head scores 1.0"),
-    (C.check_previous_token_score, (stub,), None, NA),
-    (C.check_previous_token_score, (prev_self,), False, "attention to the query itself"),
-    (C.check_previous_token_score, (prev_next,), False, "key i + 1 is the *next* token"),
-    (C.check_previous_token_score, (prev_over_all_rows,), False, "query 0 has no previous token"),
-    (C.check_previous_token_score, (prev_sum,), False, "average over the queries instead of summing"),
-    (C.check_previous_token_score, (prev_default_dims,), False, "dim1=-2, dim2=-1"),
-    (C.check_previous_token_score, (prev_one_number,), False, "return one score per head"),
+    (C.check_one_layer_experiment, (wide_ok, "fails"), True, OK),
+    (C.check_one_layer_experiment, (stub, None), None, NA),
+    (C.check_one_layer_experiment, (wide_ok, "solves"), False, "K-composition"),
+    (C.check_one_layer_experiment, (wide_ok, "maybe"), False, 'set prediction to "solves" or'),
+    (C.check_one_layer_experiment, (wide_two_layers, "fails"), False, "num_layers=1"),
+    (C.check_one_layer_experiment, (wide_untrained, "fails"), False, "looks untrained"),
+    (C.check_one_layer_experiment, (wide_narrow, "fails"), False, "d_model=64, num_heads=4"),
+    (C.check_one_layer_experiment, (wide_with_history, "fails"), False, "not a tuple"),
     # 6.2
-    (C.check_ablate_head, (ablate_ok,), True, OK),
-    (C.check_ablate_head, (ablate_values,), True, OK),
-    (C.check_ablate_head, (stub,), None, NA),
-    (C.check_ablate_head, (ablate_in_place,), False, "ablate a copy (copy.deepcopy(mha))"),
-    (C.check_ablate_head, (ablate_rows,), False, "you zeroed *rows* of out_proj.weight"),
-    (C.check_ablate_head, (ablate_queries,), False, "its attention becomes a plain average"),
-    (C.check_ablate_head, (ablate_value_weight_only,), False, "value bias is still there"),
-    (C.check_ablate_head, (ablate_next_head,), False, "you silenced head 0, not head 1"),
-    (C.check_ablate_head, (ablate_and_bias,), False, "out_proj.bias is shared by all heads"),
-    (C.check_ablate_head, (ablate_nothing,), False, "nothing changed"),
-    (C.check_ablate_head, (ablate_returns_weights,), False, "return the ablated module"),
+    (C.check_position_mean_ablation, (pma_ok,), True, OK),
+    (C.check_position_mean_ablation, (stub,), None, NA),
+    (C.check_position_mean_ablation, (pma_zero,), False, "that is zero ablation"),
+    (C.check_position_mean_ablation, (pma_global,), False, "you averaged over the positions too"),
+    (C.check_position_mean_ablation, (pma_shared_mean,), False,
+     "you averaged over the positions too"),
+    (C.check_position_mean_ablation, (pma_per_sequence,), False,
+     "positions of each sequence"),
+    (C.check_position_mean_ablation, (pma_sequential,), False, "from the unablated model"),
+    (C.check_position_mean_ablation, (pma_next_head,), False, "you replaced head 2 of layer 0, not head 1"),
+    (C.check_position_mean_ablation, (pma_nothing,), False, "nothing changed"),
+    (C.check_position_mean_ablation, (pma_in_place,), False, "the model you were given has"),
+    (C.check_position_mean_ablation, (pma_returns_model,), False, "not a model"),
     # 6.3
     (C.check_find_induction_head, (find_ok,), True, OK),
     (C.check_find_induction_head, (find_ok_tensor,), True, OK),
@@ -197,6 +229,18 @@ CASES = [
     (C.check_find_induction_head, (find_sharpest,), False, "is a previous-token head"),
     (C.check_find_induction_head, (find_scores,), False, "not the scores of all heads"),
     (C.check_find_induction_head, (find_first,), False, "head 0"),
+    # 6.4
+    (C.check_fixed_period_shortcut, (fixed_ok, [5, 10]), True, OK),
+    (C.check_fixed_period_shortcut, (stub, None), None, NA),
+    (C.check_fixed_period_shortcut, (fixed_ok, [10]), False, "period 5 works too"),
+    (C.check_fixed_period_shortcut, (fixed_ok, [5, 7, 10]), False, "period 7 fails"),
+    (C.check_fixed_period_shortcut, (fixed_ok, [5, 10, 12]), False, "period 12 fails"),
+    (C.check_fixed_period_shortcut, (fixed_ok, [5]), False, "period 10 works"),
+    (C.check_fixed_period_shortcut, (fixed_ok, [5, 10, 11]), False, "pick the periods from"),
+    (C.check_fixed_period_shortcut, (varied, [5, 10]), False, "also solves periods 7 and 12"),
+    (C.check_fixed_period_shortcut, (fixed_untrained, [5, 10]), False,
+     "does not solve period 10"),
+    (C.check_fixed_period_shortcut, (wide_ok, [5, 10]), False, "use the notebook's model"),
 ]
 
 
@@ -217,10 +261,18 @@ def test_checker(capsys, checker, answers, expected, phrase):
     assert out.startswith(prefix), out
 
 
+def test_the_experiment_checkers_also_take_the_trained_model(capsys):
+    assert ex.check_one_layer_experiment(wide_ok(), "fails").passed is True
+    assert ex.check_fixed_period_shortcut(fixed_ok(), [10, 5]).passed is True
+    assert ex.check_fixed_period_shortcut(fixed_ok(), (10, 5)).passed is True
+    assert ex.check_fixed_period_shortcut(fixed_ok(), 10).passed is False  # period 5 works too
+    capsys.readouterr()
+
+
 def test_every_checker_is_covered_three_ways():
     """Each checker: a correct answer, the stub, and at least two different wrong answers."""
-    assert ex.nb06.__all__ == ["check_previous_token_score", "check_ablate_head",
-                               "check_find_induction_head"]
+    assert ex.nb06.__all__ == ["check_one_layer_experiment", "check_position_mean_ablation",
+                               "check_find_induction_head", "check_fixed_period_shortcut"]
     for name in ex.nb06.__all__:
         results = [c[2] for c in CASES if c[0].__name__ == name]
         assert True in results and None in results, name
@@ -242,30 +294,29 @@ def test_checkers_never_raise_on_odd_answers(capsys):
 
 def test_the_references_agree_with_the_course_module():
     """The answers above against shared.tiny_transformer (an independent implementation)."""
-    from shared.tiny_transformer import ablate_heads, induction_score, previous_token_score
+    from shared.tiny_transformer import induction_score
 
     g = torch.Generator().manual_seed(0)
     T = 9
     w = torch.softmax(torch.randn(2, 3, T, T, generator=g).masked_fill(
         ~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf")), dim=-1)
-    assert torch.allclose(prev_ok(w), previous_token_score(w))
     tokens = torch.tensor([0, 5, 3, 7, 9, 5, 3, 7, 9])
     assert torch.allclose(_induction_scores(w[0], tokens), induction_score(w[0], tokens))
-    from shared.tiny_transformer import TinyTransformer
-
     torch.manual_seed(0)
     model = TinyTransformer(11, 9, d_model=12, num_heads=3)
-    x = torch.randn(2, 5, 12)
-    with torch.no_grad():
-        assert torch.allclose(ablate_ok(model.layers[1], 2)(x),
-                              ablate_heads(model, [(1, 2)]).layers[1](x))
+    x = repeated_tokens(4, 9, 11, 3, 4, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():  # the by-hand forward pass is the model's, and a global mean is the
+        assert torch.allclose(_forward_with(model, x, lambda l, c: c), model(x), atol=1e-5)
+        assert torch.allclose(pma_global(model, x, [(1, 2)]),  # course's mean ablation
+                              ablate_heads(model, [(1, 2)], mean_over=x)(x), atol=1e-5)
+        assert torch.allclose(pma_zero(model, x, [(0, 1)]), ablate_heads(model, [(0, 1)])(x),
+                              atol=1e-5)
 
 
 def test_checkers_leave_the_global_random_state_alone(capsys):
     torch.manual_seed(7)
     np.random.seed(7)  # noqa: NPY002 - the legacy global state is what we check
-    ex.check_ablate_head(ablate_ok)
-    ex.check_previous_token_score(prev_ok)
+    ex.check_position_mean_ablation(pma_ok)
     ex.check_find_induction_head(find_ok)
     capsys.readouterr()
     after_torch, after_np = torch.rand(3), np.random.random(3)  # noqa: NPY002
@@ -273,16 +324,3 @@ def test_checkers_leave_the_global_random_state_alone(capsys):
     np.random.seed(7)  # noqa: NPY002
     assert torch.equal(after_torch, torch.rand(3))
     assert np.array_equal(after_np, np.random.random(3))  # noqa: NPY002
-
-
-def test_the_checker_layers_are_the_course_module():
-    """check_ablate_head builds shared.modules.MultiHeadAttention layers, as the notebook uses."""
-    seen = []
-
-    def spy(mha, head):
-        seen.append((type(mha), mha.num_heads, head, mha.W_query.bias is not None))
-        return ablate_ok(mha, head)
-
-    ex.check_ablate_head(spy)
-    assert [s[0] for s in seen] == [MultiHeadAttention] * 3
-    assert [s[3] for s in seen] == [False, True, True]  # with and without projection biases

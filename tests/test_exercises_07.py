@@ -31,49 +31,42 @@ def stub_raises(*args, **kwargs):
     raise NotImplementedError
 
 
-# 7.1 rotate_pair ------------------------------------------------------------------------------
-def rotate_ok(pair, angle):
-    x, y = pair[..., 0], pair[..., 1]
-    c, s = torch.cos(angle), torch.sin(angle)
-    return torch.stack((x * c - y * s, x * s + y * c), dim=-1)
+# 7.1 ntk_base ---------------------------------------------------------------------------------
+def ntk_ok(base, head_dim, scale):
+    return base * scale ** (head_dim / (head_dim - 2))
 
 
-def rotate_complex(pair, angle):  # the same rotation as complex multiplication
-    z = torch.complex(pair[..., 0], pair[..., 1]) * torch.polar(torch.ones_like(angle), angle)
-    return torch.stack((z.real, z.imag), dim=-1)
+def ntk_by_solving(base, head_dim, scale):  # solve for the slowest pair's angle numerically
+    slow = base ** (-(head_dim - 2) / head_dim) / scale
+    return slow ** (-head_dim / (head_dim - 2))
 
 
-def rotate_clockwise(pair, angle):
-    return rotate_ok(pair, -angle)
+def ntk_times_scale(base, head_dim, scale):
+    return base * scale
 
 
-def rotate_swapped(pair, angle):
-    x, y = pair[..., 0], pair[..., 1]
-    c, s = torch.cos(angle), torch.sin(angle)
-    return torch.stack((x * s - y * c, x * c + y * s), dim=-1)
+def ntk_inverted_exponent(base, head_dim, scale):
+    return base * scale ** ((head_dim - 2) / head_dim)
 
 
-def rotate_degrees(pair, angle):
-    return rotate_ok(pair, torch.deg2rad(angle))
+def ntk_divided(base, head_dim, scale):
+    return base / scale
 
 
-def rotate_first_axis(pair, angle):
-    x, y = pair[..., 0], pair[..., 1]
-    c, s = torch.cos(angle), torch.sin(angle)
-    return torch.stack((x * c - y * s, x * s + y * c), dim=0)
+def ntk_power(base, head_dim, scale):
+    return base ** scale
 
 
-def rotate_in_place(pair, angle):
-    x, y = pair[..., 0].clone(), pair[..., 1].clone()
-    pair[..., 0] = x * torch.cos(angle) - y * torch.sin(angle)
-    pair[..., 1] = x * torch.sin(angle) + y * torch.cos(angle)
-    return pair
+def ntk_off_by_one(base, head_dim, scale):
+    return base * scale ** (head_dim / (head_dim - 1))
 
 
-def rotate_minus_sign(pair, angle):
-    x, y = pair[..., 0], pair[..., 1]
-    c, s = torch.cos(angle), torch.sin(angle)
-    return torch.stack((x * c - y * s, x * s - y * c), dim=-1)
+def ntk_tensor(base, head_dim, scale):
+    return torch.tensor(ntk_ok(base, head_dim, scale), dtype=torch.float64)
+
+
+def ntk_rounded(base, head_dim, scale):
+    return round(ntk_ok(base, head_dim, scale), -2)
 
 
 # 7.2 shift_change ------------------------------------------------------------------------------
@@ -215,16 +208,16 @@ def mass_float32(slope, T, distance):
 
 C = ex
 CASES = [
-    (C.check_rotate_pair, (rotate_ok,), True, "(1, 0) turned by pi/3 is (0.5, 0.866)"),
-    (C.check_rotate_pair, (rotate_complex,), True, OK),
-    (C.check_rotate_pair, (stub,), None, NA),
-    (C.check_rotate_pair, (stub_raises,), None, NA),
-    (C.check_rotate_pair, (rotate_clockwise,), False, "rotated clockwise"),
-    (C.check_rotate_pair, (rotate_swapped,), False, "cos and sin are swapped"),
-    (C.check_rotate_pair, (rotate_degrees,), False, "already in radians"),
-    (C.check_rotate_pair, (rotate_first_axis,), False, "on the LAST axis"),
-    (C.check_rotate_pair, (rotate_in_place,), False, "changed its inputs in place"),
-    (C.check_rotate_pair, (rotate_minus_sign,), False, "x sin a + y cos a (a plus sign)"),
+    (C.check_ntk_base, (ntk_ok,), True, "about 41,800"),
+    (C.check_ntk_base, (ntk_by_solving,), True, OK),
+    (C.check_ntk_base, (ntk_tensor,), True, OK),
+    (C.check_ntk_base, (stub,), None, NA),
+    (C.check_ntk_base, (ntk_times_scale,), False, "b * scale would be right if"),
+    (C.check_ntk_base, (ntk_inverted_exponent,), False, "the exponent is upside down"),
+    (C.check_ntk_base, (ntk_divided,), False, "a smaller base makes every pair turn *faster*"),
+    (C.check_ntk_base, (ntk_power,), False, "base ** scale is far too large"),
+    (C.check_ntk_base, (ntk_off_by_one,), False, "count the pairs from 0"),
+    (C.check_ntk_base, (ntk_rounded,), False, "the slowest pair should turn by"),
     (C.check_shift_change, (shift_ok,), True, "RoPE's scores moved by less than 1e-10"),
     (C.check_shift_change, (shift_numpy_list_positions,), True, OK),
     (C.check_shift_change, (stub,), None, NA),
@@ -282,13 +275,14 @@ def test_every_checker_is_covered_three_ways():
 
 def test_reference_solutions_are_right():
     """The references above against independent facts, not against the checkers."""
-    from shared.positional import apply_rope, rope_permutation
+    # NTK base: the slowest pair turns `scale` times slower, pair 0 exactly as before
+    from shared.positional import apply_rope, rope_frequencies, rope_permutation
 
-    # rotating (1, 0) by pi/2 gives (0, 1); a rotation keeps lengths; two ways agree
-    one = rotate_ok(torch.tensor([1.0, 0.0], dtype=torch.float64), torch.tensor(math.pi / 3))
-    torch.testing.assert_close(one, torch.tensor([0.5, math.sqrt(3) / 2], dtype=torch.float64))
-    p, a = torch.randn(4, 2, dtype=torch.float64), torch.randn(4, dtype=torch.float64)
-    torch.testing.assert_close(rotate_ok(p, a), rotate_complex(p, a))
+    for base, d, scale in ((10_000.0, 64, 4.0), (500_000.0, 128, 2.0), (10_000.0, 8, 4.0)):
+        old, new = rope_frequencies(d, base), rope_frequencies(d, ntk_ok(base, d, scale))
+        assert float(new[0]) == float(old[0]) == 1.0
+        assert float(old[-1] / new[-1]) == pytest.approx(scale, rel=1e-9)
+        assert ntk_by_solving(base, d, scale) == pytest.approx(ntk_ok(base, d, scale), rel=1e-12)
     # RoPE scores are shift invariant; an identity "encoding" trivially too
     Q, K = torch.randn(5, 8, dtype=torch.float64), torch.randn(5, 8, dtype=torch.float64)
     assert shift_ok(lambda x, q: apply_rope(x, q), Q, K, 40) < 1e-10

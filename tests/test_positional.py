@@ -246,3 +246,18 @@ def test_alibi_bad_input():
         alibi_bias(2, 2.5)
     with pytest.raises(TypeError, match="dtype must be a floating-point torch.dtype"):
         alibi_bias(2, 3, dtype=torch.int64)
+
+
+def test_apply_rope_scale_divides_the_positions():
+    """Position interpolation: scale s at position 2s equals plain RoPE at position 2."""
+    from shared.positional import apply_rope
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 8, dtype=torch.float64)
+    scaled = apply_rope(x, [0, 4, 8], scale=4.0)
+    plain = apply_rope(x, [0, 1, 2])
+    torch.testing.assert_close(scaled, plain, atol=1e-12, rtol=0)
+    torch.testing.assert_close(apply_rope(x, [0, 1, 2], scale=1.0), plain, atol=0, rtol=0)
+    for bad in (0, -1.0, float("inf"), True):
+        with pytest.raises(ValueError, match="scale must be a positive finite number"):
+            apply_rope(x, [0, 1, 2], scale=bad)

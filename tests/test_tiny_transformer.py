@@ -402,3 +402,125 @@ def test_model_agrees_with_sdpa_in_float32():
             ctx = F.scaled_dot_product_attention(Q, K, V, is_causal=True)
             h = h + layer.out_proj(ctx.transpose(1, 2).reshape(2, 21, 32))
         assert torch.allclose(model(x), model.unembed(h), atol=1e-5)
+
+
+# ------------------------------------------------------------------ third edition: new tools
+def test_steepest_drop_step_finds_the_fastest_fall():
+    from shared.tiny_transformer import steepest_drop_step
+
+    # the fall per step: 0.1, 0.05, 0.3 (steepest, between 20 and 30), 0.01
+    assert steepest_drop_step([0, 10, 20, 30, 40], [3.0, 2.0, 1.5, -1.5, -1.6]) == 25
+    # a curve that falls fastest at the start: no late "phase change"
+    assert steepest_drop_step([0, 10, 20], [3.0, 1.0, 0.5]) == 5
+    with pytest.raises(ValueError, match="strictly increasing"):
+        steepest_drop_step([0, 0], [1.0, 0.0])
+
+
+def test_best_possible_losses_hand_derived():
+    """Bayes-optimal loss for periods 4..12 and 26 letters, derived by hand (notebook 06)."""
+    from shared.tiny_transformer import best_possible_losses
+
+    x = repeated_tokens(3, 21, 27, 10, generator=torch.Generator().manual_seed(0))
+    best = best_possible_losses(x, 27, 4, 12)
+    assert best.shape == (3, 20)
+    # n letters seen, no repeat: periods max(n, 4) .. 12 equally likely; p = n means "restart"
+    expected = []
+    for n in range(10):
+        q = 1 / (13 - max(n, 4)) if n >= 4 else 0.0
+        expected.append(math.log(26 - n) - math.log(1 - q))
+    expected += [math.log(3)] + [0.0] * 9
+    np.testing.assert_allclose(best.numpy(), np.tile(expected, (3, 1)), atol=1e-12)
+    # a fixed period of 2 over 4 letters: the 1st letter costs ln 3, the 2nd ln 2, then 0
+    y = torch.tensor([[0, 1, 2, 1, 2, 1]])
+    np.testing.assert_allclose(best_possible_losses(y, 4, 2, 2).numpy(),
+                               [[math.log(3), math.log(2), 0, 0, 0]], atol=1e-12)
+    # a sequence the periods cannot make is impossible: infinite loss
+    z = torch.tensor([[0, 1, 2, 3, 1]])  # period 3 is the only fit; with period 2 it is impossible
+    assert math.isinf(float(best_possible_losses(z, 5, 2, 2)[0, 2]))
+
+
+def test_ov_circuit_and_copying_score():
+    from shared.tiny_transformer import copying_score, ov_circuit
+
+    model = small_model(seed=3)
+    hd = model.head_dim
+    P = {k: v.detach().double().numpy() for k, v in model.state_dict().items()}
+    cols = slice(2 * hd, 3 * hd)
+    ref = (P["tok_emb.weight"] @ P["layers.1.W_value.weight"][cols].T
+           @ P["layers.1.out_proj.weight"][:, cols].T @ P["unembed.weight"].T)
+    np.testing.assert_allclose(ov_circuit(model, 1, 2).numpy(), ref, atol=1e-12)
+    assert copying_score(torch.eye(4)) == pytest.approx(1.0)
+    assert copying_score(-2 * torch.eye(4)) == pytest.approx(-1.0)
+    rot = torch.tensor([[0.0, -1.0], [1.0, 0.0]])  # eigenvalues +-i: neither copies nor inverts
+    assert copying_score(rot) == pytest.approx(0.0, abs=1e-12)
+    with pytest.raises(ValueError, match="no head"):
+        ov_circuit(model, 2, 0)
+
+
+def test_mean_ablation_writes_the_heads_mean_output():
+    model = small_model(seed=4)
+    x = repeated_tokens(5, 9, 11, 3, 4, generator=torch.Generator().manual_seed(12))
+    _, ref_w = numpy_forward(model, x)
+    # the head's mean context from the NumPy forward pass: weights @ values, averaged over B and T
+    P = {k: v.detach().double().numpy() for k, v in model.state_dict().items()}
+    h0 = P["tok_emb.weight"][x.numpy()] + P["pos_emb.weight"][:9]
+    hd = model.head_dim
+    V = (h0 @ P["layers.0.W_value.weight"].T).reshape(5, 9, 3, hd).transpose(0, 2, 1, 3)
+    mean_ctx = (ref_w[:, 0] @ V)[:, 1].mean(axis=(0, 1))  # head (0, 1)
+    ablated = ablate_heads(model, [(0, 1)], mean_over=x)
+    zeroed = ablate_heads(model, [(0, 1)])
+    shift = P["layers.0.out_proj.weight"][:, hd:2 * hd] @ mean_ctx
+    np.testing.assert_allclose(ablated.layers[0].out_proj.bias.detach().numpy(),
+                               P["layers.0.out_proj.bias"] + shift, atol=1e-12)
+    assert torch.equal(ablated.layers[0].out_proj.weight, zeroed.layers[0].out_proj.weight)
+
+
+@pytest.mark.parametrize("positional", ["rope", "alibi", "none"])
+def test_positional_options_match_a_reference(positional):
+    from shared.positional import alibi_bias, apply_rope
+
+    torch.manual_seed(5)
+    model = TinyTransformer(11, 9, d_model=12, num_heads=2, num_layers=2,
+                            positional=positional).double()
+    assert model.pos_emb is None
+    x = repeated_tokens(3, 20, 11, 3, 4, generator=torch.Generator().manual_seed(13))  # T > 9
+    logits, weights = model(x, return_weights=True)
+    assert logits.shape == (3, 20, 11) and weights.shape == (3, 2, 2, 20, 20)
+    h = model.tok_emb(x)
+    for layer in model.layers:  # each layer as SDPA with the method's mask / rotation
+        split = [lin(h).view(3, 20, 2, 6).transpose(1, 2)
+                 for lin in (layer.W_query, layer.W_key, layer.W_value)]
+        Q, K, V = split
+        if positional == "rope":
+            Q, K = apply_rope(Q, torch.arange(20)), apply_rope(K, torch.arange(20))
+        if positional == "alibi":
+            ctx = F.scaled_dot_product_attention(Q, K, V, attn_mask=alibi_bias(2, 20, Q.dtype))
+        else:
+            ctx = F.scaled_dot_product_attention(Q, K, V, is_causal=True)
+        h = h + layer.out_proj(ctx.transpose(1, 2).reshape(3, 20, 12))
+    torch.testing.assert_close(logits, model.unembed(h), atol=1e-10, rtol=0)
+
+
+def test_rope_scale_is_position_interpolation_and_learned_keeps_its_limit():
+    torch.manual_seed(6)
+    model = TinyTransformer(11, 9, d_model=12, num_heads=2, positional="rope").double()
+    x = torch.tensor([[0, 1, 2, 3, 1, 2, 3, 1]])
+    with torch.no_grad():
+        plain = model(x)
+        model.rope_scale = 2.0  # every angle halved
+        scaled = model(x)
+    assert not torch.allclose(plain, scaled)
+    with pytest.raises(ValueError, match="positional must be one of"):
+        TinyTransformer(11, 9, positional="sinusoidal")
+    with pytest.raises(ValueError, match="context_length"):
+        small_model()(torch.zeros(1, 10, dtype=torch.long))
+
+
+def test_train_with_a_shorter_sequence_length():
+    torch.manual_seed(7)
+    model = TinyTransformer(11, 30, d_model=12, num_heads=2, positional="learned")
+    before = model.pos_emb.weight.detach().clone()
+    train(model, 3, min_period=3, max_period=4, batch_size=4, seq_len=12)
+    after = model.pos_emb.weight.detach()
+    assert torch.equal(after[12:], before[12:])  # positions 12 .. 29 never trained
+    assert not torch.equal(after[:12], before[:12])

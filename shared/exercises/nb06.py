@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import torch
 
+from . import _core
 from ._core import (
     _arr,
     _call,
@@ -22,9 +21,10 @@ from ._core import (
 )
 
 __all__ = [
-    "check_previous_token_score",
-    "check_ablate_head",
+    "check_one_layer_experiment",
+    "check_position_mean_ablation",
     "check_find_induction_head",
+    "check_fixed_period_shortcut",
 ]
 
 
@@ -35,183 +35,210 @@ def _causal_weights(rng: np.random.Generator, shape: tuple) -> np.ndarray:
     return _softmax(np.where(np.tril(np.ones((T, T), dtype=bool)), scores, -np.inf))
 
 
-def _offset_diagonal_mean(w: np.ndarray, offset: int, rows: int) -> np.ndarray:
-    """Sum of ``w``'s diagonal at ``offset`` over the last two axes, divided by ``rows``."""
-    return np.diagonal(w, offset=offset, axis1=-2, axis2=-1).sum(axis=-1) / rows
+# --------------------------------------------------------------------------------------------
+# Shared by the experiments: hidden evaluation batches, judged on the learner's trained model
+# --------------------------------------------------------------------------------------------
+_VOCAB, _T = 27, 21  # the notebook's task: BOS + 26 letters, 21 positions
+_TRAINING_LIMIT_S = 120.0  # seconds a learner's training function may run
+
+
+def _hidden_batch(period: int, seed: int) -> torch.Tensor:
+    from ..tiny_transformer import repeated_tokens
+
+    return repeated_tokens(256, _T, _VOCAB, period, generator=torch.Generator().manual_seed(seed))
+
+
+def _trained_model(train_fn, name: str):
+    """Call the learner's training function (or take the model it already returned); return
+    its TinyTransformer or raise a hint."""
+    from ..tiny_transformer import TinyTransformer
+
+    if isinstance(train_fn, TinyTransformer):
+        model = train_fn
+    else:  # training takes seconds, more on a busy machine: a longer limit than for one function
+        limit, _core.TIME_LIMIT_S = _core.TIME_LIMIT_S, _TRAINING_LIMIT_S
+        try:
+            model = _call(train_fn, name=name)
+        finally:
+            _core.TIME_LIMIT_S = limit
+    if isinstance(model, tuple) and model and isinstance(model[0], TinyTransformer):
+        raise _Wrong(f"{name} should return only the trained model, not a tuple (train(...) "
+                     "returns the history; return the model you passed to it)")
+    if not isinstance(model, TinyTransformer):
+        raise _Wrong(f"{name} should return the trained TinyTransformer; got "
+                     f"{type(model).__name__}")
+    if (model.vocab_size, model.context_length) != (_VOCAB, _T):
+        raise _Wrong(f"build the model for the notebook's task: TinyTransformer(vocab_size=27, "
+                     f"context_length=21, ...); got vocab_size={model.vocab_size}, "
+                     f"context_length={model.context_length}")
+    return model
+
+
+def _repeat_accuracy(model, tokens) -> tuple[float, float]:
+    from ..tiny_transformer import evaluate
+
+    r = evaluate(model, tokens)
+    return r["repeat_accuracy"], r["repeat_loss"]
 
 
 # --------------------------------------------------------------------------------------------
-# 6.1 The previous-token score
+# 6.1 Does width rescue one layer? (predict, then train and measure)
 # --------------------------------------------------------------------------------------------
-def _prev_cases():
-    rng = _rng(601)
-    T = 5
-    perfect = np.zeros((T, T))
-    perfect[0, 0] = 1.0
-    perfect[np.arange(1, T), np.arange(T - 1)] = 1.0  # every query on the token before it
-    return [
-        _causal_weights(rng, (3, 6, 6)),  # three heads
-        np.stack([perfect, np.eye(T)]),  # a perfect previous-token head, a "look at myself" head
-        _causal_weights(rng, (2, 2, 7, 7)),  # (B, heads, T, T)
-        _causal_weights(rng, (4, 4)),  # one head: a single number
-    ]
-
-
 @_checker
-def check_previous_token_score(previous_token_score):
-    """``previous_token_score(weights)`` -> the mean of ``weights[..., i, i - 1]`` over the
-    queries ``i = 1 .. T - 1``, one score per leading index. Torch tensors ``(..., T, T)``."""
-    for w in _prev_cases():
-        T = w.shape[-1]
-        got = _arr(_call(previous_token_score, _t(w.copy()), name="previous_token_score"),
-                   "the score")
-        ref = _offset_diagonal_mean(w, -1, T - 1)
-        if got.shape != ref.shape:
-            if got.size == 1 and ref.size > 1:
-                raise _Wrong(f"return one score per head: for weights of shape {w.shape} the "
-                             f"result should have shape {ref.shape} (average over the queries "
-                             "only, the last-but-one axis)")
-            raise _Wrong(f"for weights of shape {w.shape} the scores should have shape "
-                         f"{ref.shape} (weights.shape[:-2]); got {got.shape}. Note that "
-                         "torch.diagonal uses dims 0 and 1 unless you pass dim1=-2, dim2=-1")
-        if _close(got, ref):
-            continue
-        _diagnose(got, [
-            ("that is attention to the query itself (the main diagonal, key i); the previous "
-             "token of query i is key i - 1: the diagonal at offset -1",
-             _offset_diagonal_mean(w, 0, T)),
-            ("that is attention to the query itself (the main diagonal, key i); the previous "
-             "token of query i is key i - 1: the diagonal at offset -1",
-             _offset_diagonal_mean(w[..., 1:, :], 1, T - 1)),
-            ("key i + 1 is the *next* token, which a causal mask hides (always 0 here): the "
-             "previous token of query i is key i - 1, the diagonal at offset -1",
-             _offset_diagonal_mean(w, 1, T - 1)),
-            ("query 0 has no previous token: average over the T - 1 queries 1 .. T - 1, not "
-             "over all T rows", _offset_diagonal_mean(w, -1, T)),
-            ("average over the queries instead of summing: a perfect previous-token head "
-             "should score 1", _offset_diagonal_mean(w, -1, 1)),
-        ])
-        raise _Wrong(f"the scores differ from the mean of weights[..., i, i - 1] over i = 1 .. "
-                     f"T - 1 by up to {_maxdiff(got, ref)}")
-    return ("a perfect previous-token head scores 1.0, a head that looks only at itself 0.0.")
+def check_one_layer_experiment(train_wide_one_layer, prediction):
+    """``train_wide_one_layer()`` -> a trained 1-layer ``TinyTransformer`` with ``d_model=64``
+    and ``num_heads=4`` (or pass the trained model itself); ``prediction`` is ``"solves"`` or
+    ``"fails"``: whether its accuracy on repeated tokens reaches 0.9.
+    The checker measures that on a hidden batch (period 10)."""
+    model = _trained_model(train_wide_one_layer, "train_wide_one_layer")
+    if model.num_layers != 1:
+        raise _Wrong(f"this experiment is about one layer: num_layers=1 (got {model.num_layers}"
+                     "); two layers are the notebook's model")
+    if (model.d_model, model.num_heads) != (64, 4):
+        raise _Wrong(f"make it wider than the control: d_model=64, num_heads=4 (got d_model="
+                     f"{model.d_model}, num_heads={model.num_heads})")
+    accuracy, loss = _repeat_accuracy(model, _hidden_batch(10, 611))
+    if loss > 3.0:
+        raise _Wrong("the model looks untrained: its loss on repeated tokens is still about "
+                     "chance. Train it with train(model, 300, min_period=4, max_period=12, "
+                     "...) before returning it")
+    if prediction not in ("solves", "fails"):
+        raise _Wrong(f'set prediction to "solves" or "fails" before you train; got '
+                     f"{prediction!r}")
+    measured = "solves" if accuracy > 0.9 else "fails"
+    if prediction != measured:
+        if measured == "fails":
+            raise _Wrong("you predicted it solves the task, but it fails (repeat accuracy below "
+                         "0.9 on the hidden batch). Width gives more heads, not a second step: "
+                         "an induction head must match the current token against the *previous* "
+                         "token of each key, and only an earlier layer can write that into the "
+                         "key's position (K-composition)")
+        raise _Wrong("you predicted it fails, but this model solves the task: look at how it "
+                     "was trained (the experiment keeps the notebook's periods 4 to 12)")
+    return ("one layer fails however wide: without an earlier layer, no key carries its "
+            "previous token, so no head can look for it (K-composition needs two layers).")
 
 
 # --------------------------------------------------------------------------------------------
-# 6.2 Ablate a head
+# 6.2 Per-position mean ablation
 # --------------------------------------------------------------------------------------------
-def _mha_reference(params: dict, x: np.ndarray, num_heads: int, silence=(),
-                   uniform=()) -> np.ndarray:
-    """Causal multi-head attention from raw (float64) parameters, with the context of the heads
-    in ``silence`` set to zero and the heads in ``uniform`` averaging over the keys they may see.
+def _ref_forward(model, tokens: torch.Tensor, replace=None) -> tuple[np.ndarray, list]:
+    """The TinyTransformer's forward pass in float64 NumPy; returns (logits (B, T, V), the
+    contexts per layer (B, H, T, hd)). ``replace(l, ctx)`` may return a new context for layer
+    ``l`` (or None to keep it)."""
+    def a(t):
+        return t.detach().double().numpy()
 
-    ``params`` holds nn.Linear-layout weights ``Wq, Wk, Wv, Wo`` (out, in) and biases."""
-    B, T, d = x.shape
-    hd = d // num_heads
-
-    def split(a):  # (B, T, d) -> (B, H, T, hd)
-        return a.reshape(B, T, num_heads, hd).transpose(0, 2, 1, 3)
-
-    Q = split(x @ params["Wq"].T + params["bq"])
-    K = split(x @ params["Wk"].T + params["bk"])
-    V = split(x @ params["Wv"].T + params["bv"])
-    scores = Q @ K.transpose(0, 1, 3, 2) / np.sqrt(hd)
-    for h in uniform:
-        scores[:, h] = 0.0
+    B, T = tokens.shape
+    H, hd = model.num_heads, model.head_dim
+    tok = tokens.numpy()
+    x = a(model.tok_emb.weight)[tok] + a(model.pos_emb.weight)[:T]
     causal = np.tril(np.ones((T, T), dtype=bool))
-    ctx = _softmax(np.where(causal, scores, -np.inf)) @ V  # (B, H, T, hd)
-    for h in silence:
-        ctx[:, h] = 0.0
-    concat = ctx.transpose(0, 2, 1, 3).reshape(B, T, d)
-    return concat @ params["Wo"].T + params["bo"]
+    contexts = []
+    for l, layer in enumerate(model.layers):
+        def split(m):
+            return m.reshape(B, T, H, hd).transpose(0, 2, 1, 3)
+
+        Q, K, V = (split(x @ a(lin.weight).T) for lin in (layer.W_query, layer.W_key,
+                                                           layer.W_value))
+        w = _softmax(np.where(causal, Q @ K.transpose(0, 1, 3, 2) / np.sqrt(hd), -np.inf))
+        ctx = w @ V  # (B, H, T, hd)
+        if replace is not None:
+            new = replace(l, ctx)
+            ctx = ctx if new is None else new
+        contexts.append(ctx)
+        concat = ctx.transpose(0, 2, 1, 3).reshape(B, T, H * hd)
+        x = x + concat @ a(layer.out_proj.weight).T + a(layer.out_proj.bias)
+    return x @ a(model.unembed.weight).T + a(model.unembed.bias), contexts
 
 
-def _params(mha) -> dict:
-    def get(lin, what):
-        t = getattr(lin, what)
-        return (t.detach().double().numpy().copy() if t is not None
-                else np.zeros(lin.weight.shape[0]))
+def _mean_ablation_variants(model, tokens, heads) -> dict:
+    """The right answer and the typical mistakes, as logits."""
+    _, clean = _ref_forward(model, tokens)
 
-    return {"Wq": get(mha.W_query, "weight"), "bq": get(mha.W_query, "bias"),
-            "Wk": get(mha.W_key, "weight"), "bk": get(mha.W_key, "bias"),
-            "Wv": get(mha.W_value, "weight"), "bv": get(mha.W_value, "bias"),
-            "Wo": get(mha.out_proj, "weight"), "bo": get(mha.out_proj, "bias")}
+    def with_means(mean_of):
+        def replace(l, ctx):
+            ctx = ctx.copy()
+            for hl, h in heads:
+                if hl == l:
+                    ctx[:, h] = mean_of(clean[l][:, h], ctx[:, h])
+            return ctx
+        return _ref_forward(model, tokens, replace)[0]
+
+    def sequential(l, ctx):  # means taken in the partly ablated model, layer by layer
+        ctx = ctx.copy()
+        for hl, h in heads:
+            if hl == l:
+                ctx[:, h] = ctx[:, h].mean(axis=0, keepdims=True)
+        return ctx
+
+    return {
+        "ok": with_means(lambda c, now: np.broadcast_to(c.mean(axis=0, keepdims=True), c.shape)),
+        "zero": with_means(lambda c, now: np.zeros_like(c)),
+        "global": with_means(lambda c, now: np.broadcast_to(c.mean(axis=(0, 1), keepdims=True),
+                                                             c.shape)),
+        "per_sequence": with_means(lambda c, now: np.broadcast_to(c.mean(axis=1, keepdims=True),
+                                                                   c.shape)),
+        "sequential": _ref_forward(model, tokens, sequential)[0],
+        "nothing": _ref_forward(model, tokens)[0],
+    }
 
 
 @_checker
-def check_ablate_head(ablate_head):
-    """``ablate_head(mha, head)`` -> a copy of the ``shared.modules.MultiHeadAttention`` ``mha``
-    in which head ``head`` contributes nothing to the output (the other heads and the output
-    bias unchanged); ``mha`` itself must stay as it was."""
-    from ..modules import MultiHeadAttention
+def check_position_mean_ablation(position_mean_ablate):
+    """``position_mean_ablate(model, tokens, heads)`` -> logits ``(B, T, vocab_size)`` of the
+    ``TinyTransformer`` ``model`` on ``tokens`` ``(B, T)``, with each ``(layer, head)`` in
+    ``heads`` writing, at every position ``t``, its output at ``t`` averaged over the batch (in
+    the unablated model) instead of its own output."""
+    from ..tiny_transformer import TinyTransformer, repeated_tokens
 
-    rng = _rng(602)
-    torch.manual_seed(602)  # the checker runs inside a forked RNG: the notebook's stream is safe
-    for d, H, head, bias in ((8, 2, 1, False), (12, 3, 0, True), (12, 4, 2, True)):
-        mha = MultiHeadAttention(d, d, context_length=6, dropout=0.0, num_heads=H,
-                                 qkv_bias=bias).double().eval()
-        with torch.no_grad():  # a visible output bias, so dropping it is detectable
-            mha.out_proj.bias.normal_()
-        given = copy.deepcopy(mha)
-        before = {k: v.clone() for k, v in given.state_dict().items()}
-        x = rng.normal(size=(2, 5, d))
-        p = _params(mha)
-        ref = _mha_reference(p, x, H, silence=[head])
-        ablated = _call(ablate_head, given, head, name="ablate_head")
-        if not isinstance(ablated, torch.nn.Module):
-            raise _Wrong(f"return the ablated module (a copy of mha); got "
-                         f"{type(ablated).__name__}")
-        with torch.no_grad():
-            out = _call(ablated, _t(x.copy()), name="the module you returned")
+    for seed, heads in ((621, [(0, 1)]), (622, [(1, 2)]), (623, [(0, 0), (1, 1)])):
+        torch.manual_seed(seed)
+        model = TinyTransformer(11, 9, d_model=12, num_heads=3, num_layers=2).eval()
+        with torch.no_grad():  # visible output biases
+            for layer in model.layers:
+                layer.out_proj.bias.normal_()
+        tokens = repeated_tokens(6, 9, 11, 3, 4, generator=torch.Generator().manual_seed(seed))
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        refs = _mean_ablation_variants(model, tokens, heads)
+        out = _call(position_mean_ablate, model, tokens, list(heads), copy=False,
+                    name="position_mean_ablate")
         if isinstance(out, tuple):
             out = out[0]
-        got = _arr(out, "the ablated module's output")
-        _shape(got, ref.shape, "the ablated module's output", "(B, T, d_out)")
-        if not _close(got, ref):
-            hd = d // H
-            cols = slice(head * hd, (head + 1) * hd)
-            rows_zeroed = dict(p, Wo=p["Wo"].copy(), bo=p["bo"].copy())
-            rows_zeroed["Wo"][cols] = 0.0
-            rows_zeroed["bo"][cols] = 0.0
-            rows_only = dict(p, Wo=rows_zeroed["Wo"])
-            value_weight_only = dict(p, Wv=p["Wv"].copy())
-            value_weight_only["Wv"][cols] = 0.0
-            no_out_bias = dict(p, bo=np.zeros_like(p["bo"]))
-            _diagnose(got, [
-                ("nothing changed: the output is the full module's output. Zero the head's "
-                 f"columns {head * hd}:{(head + 1) * hd} of out_proj.weight",
-                 _mha_reference(p, x, H)),
-                ("you zeroed *rows* of out_proj.weight (some output features of every head); the "
-                 f"head's own contribution goes through the *columns* {head * hd}:"
-                 f"{(head + 1) * hd}: out_proj.weight[:, cols] = 0",
-                 _mha_reference(rows_only, x, H)),
-                ("you zeroed *rows* of out_proj.weight (some output features of every head); the "
-                 f"head's own contribution goes through the *columns* {head * hd}:"
-                 f"{(head + 1) * hd}: out_proj.weight[:, cols] = 0",
-                 _mha_reference(rows_zeroed, x, H)),
-                ("zeroing the head's queries or keys makes all its scores 0, so its attention "
-                 "becomes a plain average over the keys it may see: the head still adds to the "
-                 "output. Silence its output instead (its columns of out_proj.weight)",
-                 _mha_reference(p, x, H, uniform=[head])),
-                ("the head's value bias is still there (V = x W_v + b_v, so its output is b_v, "
-                 "not 0); zero the head's columns of out_proj.weight instead",
-                 _mha_reference(value_weight_only, x, H) if bias else None),
-                ("out_proj.bias is shared by all heads: keep it, remove only the head's columns "
-                 "of out_proj.weight",
-                 _mha_reference(no_out_bias, x, H, silence=[head])),
-                ("you removed every head; remove only head "
-                 f"{head}", _mha_reference(p, x, H, silence=range(H))),
-                *((f"you silenced head {g}, not head {head} (head h owns the columns "
-                   "h*head_dim:(h+1)*head_dim)", _mha_reference(p, x, H, silence=[g]))
-                  for g in range(H) if g != head),
-            ])
-            raise _Wrong(f"the ablated module's output differs from the module without head "
-                         f"{head} by up to {_maxdiff(got, ref)}")
-        after = given.state_dict()
+        if isinstance(out, torch.nn.Module):
+            raise _Wrong("return the logits (B, T, vocab_size) of the ablated model on tokens, "
+                         "not a model")
+        got = _arr(out, "the logits")
+        _shape(got, refs["ok"].shape, "the logits", "(B, T, vocab_size)")
+        after = model.state_dict()
         if any(not torch.equal(before[k], after[k]) for k in before):
-            raise _Wrong("the module you were given has changed: ablate a copy "
-                         "(copy.deepcopy(mha)) and leave the original intact, so you can still "
-                         "compare with it")
-    return "the head's output is gone; its attention weights and the other heads are untouched."
+            raise _Wrong("the model you were given has changed: compute the ablated forward "
+                         "pass without writing into the model's weights (or change a copy)")
+        if _close(got, refs["ok"], 1e-4):
+            continue
+        if len(heads) == 1:
+            (l, h), = heads
+            for g in range(model.num_heads):
+                if g != h and _close(got, _mean_ablation_variants(model, tokens, [(l, g)])["ok"],
+                                     1e-4):
+                    raise _Wrong(f"you replaced head {g} of layer {l}, not head {h}: head h owns "
+                                 "the features h*head_dim:(h+1)*head_dim of the concatenation")
+        _diagnose(got, [
+            ("nothing changed: the logits are the unablated model's", refs["nothing"]),
+            ("that is zero ablation: replace the head's output by its mean over the batch at "
+             "each position, not by 0", refs["zero"]),
+            ("you averaged over the positions too (plain mean ablation, one vector for all "
+             "positions); keep one mean per position: average over the batch axis only",
+             refs["global"]),
+            ("you averaged over the positions of each sequence; average over the batch (the "
+             "sequences) at each position instead", refs["per_sequence"]),
+            ("take every mean from the unablated model: you computed the layer-1 means after "
+             "ablating layer 0, so they carry the ablation's effect", refs["sequential"]),
+        ], atol=1e-4)
+        raise _Wrong(f"the logits differ from the per-position mean ablation by up to "
+                     f"{_maxdiff(got, refs['ok'])}")
+    return ("each head now writes its typical output for each position: the position-dependent "
+            "part of its behaviour stays, the sequence-specific part is gone.")
 
 
 # --------------------------------------------------------------------------------------------
@@ -295,3 +322,52 @@ def check_find_induction_head(find_induction_head):
         if kinds[h] != "induction":
             raise _Wrong(_hint_for(kinds[h], h))
     return "in every hidden layer the induction head was found among the decoys."
+
+
+# --------------------------------------------------------------------------------------------
+# 6.4 A fixed period invites a shortcut (predict, then train and measure)
+# --------------------------------------------------------------------------------------------
+_PERIODS = (5, 7, 10, 12)
+
+
+@_checker
+def check_fixed_period_shortcut(train_fixed_period, works_on):
+    """``train_fixed_period()`` -> the notebook's 2-layer ``TinyTransformer`` trained on period
+    10 only (or pass the trained model itself); ``works_on``: the periods among 5, 7, 10, 12 on
+    which you predict its accuracy on repeated tokens exceeds one half.
+    The checker measures each on a hidden batch."""
+    model = _trained_model(train_fixed_period, "train_fixed_period")
+    if (model.num_layers, model.d_model, model.num_heads) != (2, 32, 2):
+        raise _Wrong("use the notebook's model: TinyTransformer(27, 21, d_model=32, num_heads=2, "
+                     f"num_layers=2); got d_model={model.d_model}, num_heads={model.num_heads}, "
+                     f"num_layers={model.num_layers}")
+    accuracy = {p: _repeat_accuracy(model, _hidden_batch(p, 640 + p))[0] for p in _PERIODS}
+    if accuracy[10] < 0.9:
+        raise _Wrong("the model does not solve period 10 (accuracy below 0.9 on repeated "
+                     "tokens): train it for 300 steps with min_period=10, max_period=10")
+    if accuracy[7] > 0.5 and accuracy[12] > 0.5:
+        raise _Wrong("the model also solves periods 7 and 12: it was trained on several "
+                     "periods. Train on period 10 only: min_period=10, max_period=10")
+    if isinstance(works_on, (int, np.integer)):
+        works_on = [works_on]
+    if not isinstance(works_on, (list, tuple, set, frozenset)) or not all(
+            isinstance(p, (int, np.integer)) and not isinstance(p, bool) for p in works_on):
+        raise _Wrong(f"works_on should be a list of periods, e.g. [10]; got {works_on!r}")
+    predicted = {int(p) for p in works_on}
+    if not predicted <= set(_PERIODS):
+        raise _Wrong(f"pick the periods from {list(_PERIODS)}; got {sorted(predicted)}")
+    measured = {p for p in _PERIODS if accuracy[p] > 0.5}
+    for p in sorted(predicted - measured):
+        raise _Wrong(f"period {p} fails (accuracy below one half): the model did not learn "
+                     "induction, it learned to copy the token a fixed distance back (9 "
+                     "positions, where the next token sits when the period is 10), which is "
+                     "right only when the period divides 10")
+    for p in sorted(measured - predicted):
+        if p == 10:
+            raise _Wrong("period 10 works: it is the period the model was trained on")
+        raise _Wrong(f"period {p} works too (accuracy above one half): copying the token 9 "
+                     f"positions back is right whenever the period divides 10, and {p} does "
+                     "(only the first repeats, before a token 9 back exists, go wrong)")
+    return ("with one period to learn, a position shortcut (copy from 9 back) beats induction; "
+            "periods drawn from 4 to 12 make counting useless, which is why the notebook uses "
+            "them.")

@@ -10,7 +10,7 @@ import torch
 from ._core import _arr, _call, _checker, _close, _diagnose, _maxdiff, _shape, _Wrong
 
 __all__ = [
-    "check_rotate_pair",
+    "check_ntk_base",
     "check_shift_change",
     "check_to_half_split",
     "check_alibi_mass_beyond",
@@ -28,61 +28,48 @@ def _number(ans, what: str) -> float:
 
 
 # --------------------------------------------------------------------------------------------
-# 7.1 Rotate one pair by hand
+# 7.1 Stretch RoPE without touching the fast pairs (NTK-aware scaling)
 # --------------------------------------------------------------------------------------------
-def _rotate(pair: np.ndarray, angle: np.ndarray) -> np.ndarray:
-    x, y, c, s = pair[..., 0], pair[..., 1], np.cos(angle), np.sin(angle)
-    return np.stack((x * c - y * s, x * s + y * c), axis=-1)
-
-
 @_checker
-def check_rotate_pair(rotate_pair):
-    """``rotate_pair(pair, angle)``: ``pair`` ``(..., 2)``, ``angle`` ``(...)`` in radians (torch
-    tensors) -> every pair ``(x, y)`` turned counter-clockwise by its angle,
-    ``(x cos a - y sin a, x sin a + y cos a)``, shape ``(..., 2)``."""
-    g = torch.Generator().manual_seed(701)
-    cases = [
-        (torch.tensor([1.0, 0.0], dtype=torch.float64), torch.tensor(math.pi / 3,
-                                                                     dtype=torch.float64)),
-        (torch.randn(5, 2, generator=g, dtype=torch.float64),
-         torch.rand(5, generator=g, dtype=torch.float64) * 14 - 7),
-        (torch.randn(3, 4, 2, generator=g, dtype=torch.float64),
-         torch.rand(3, 4, generator=g, dtype=torch.float64) * 4 - 2),
-    ]
-    for pair, angle in cases:
-        pair_in, angle_in = pair.clone(), angle.clone()
-        got = _arr(_call(rotate_pair, pair_in, angle_in, name="rotate_pair", copy=False),
-                   "the rotated pair")
-        if not (torch.equal(pair_in, pair) and torch.equal(angle_in, angle)):
-            raise _Wrong("rotate_pair changed its inputs in place; build a new tensor instead "
-                         "(e.g. torch.stack((x_new, y_new), dim=-1))")
-        p, a = pair.numpy(), angle.numpy()
-        ref = _rotate(p, a)
-        if got.shape == (2, *p.shape[:-1]) and got.shape != ref.shape:
-            raise _Wrong(f"wrong shape {got.shape}: put the two new coordinates on the LAST "
-                         f"axis, torch.stack((x_new, y_new), dim=-1), giving {ref.shape}")
-        _shape(got, ref.shape, "the rotated pair", "(..., 2): same shape as pair")
-        if _close(got, ref, atol=1e-9):
+def check_ntk_base(ntk_base):
+    """``ntk_base(base, head_dim, scale)`` -> the new base ``b'`` for which pair 0 keeps its
+    angle per position (1 radian, for any base) and the slowest pair, ``i = head_dim/2 - 1``,
+    turns exactly ``scale`` times slower: ``b' = base * scale ** (head_dim / (head_dim - 2))``."""
+    cases = ((10_000.0, 64, 4.0), (10_000.0, 128, 8.0), (500_000.0, 128, 2.0), (10_000.0, 8, 4.0),
+             (100.0, 16, 3.0))
+    for base, d, s in cases:
+        got = _number(_call(ntk_base, base, d, s, name="ntk_base"), "the new base")
+        ref = base * s ** (d / (d - 2))
+        if math.isclose(got, ref, rel_tol=1e-9):
             continue
-        x, y, c, s = p[..., 0], p[..., 1], np.cos(a), np.sin(a)
-        _diagnose(got, [
-            ("the pair came back unchanged: multiply by the rotation matrix "
-             "[[cos a, -sin a], [sin a, cos a]]", p),
-            ("you rotated clockwise (by -angle): counter-clockwise is "
-             "(x cos a - y sin a, x sin a + y cos a)", _rotate(p, -a)),
-            ("cos and sin are swapped: the new x is x cos a - y sin a",
-             np.stack((x * s - y * c, x * c + y * s), axis=-1)),
-            ("the angle is already in radians: do not convert it from degrees",
-             _rotate(p, np.deg2rad(a))),
-            ("the new y should be x sin a + y cos a (a plus sign)",
-             np.stack((x * c - y * s, x * s - y * c), axis=-1)),
-        ], atol=1e-9)
-        if not np.allclose(np.linalg.norm(got, axis=-1), np.linalg.norm(p, axis=-1)):
-            raise _Wrong("a rotation keeps the length of every pair, and yours changed it: "
-                         "the new pair is (x cos a - y sin a, x sin a + y cos a)")
-        raise _Wrong(f"the rotated pairs differ from (x cos a - y sin a, x sin a + y cos a) by "
-                     f"up to {_maxdiff(got, ref)}")
-    return "(1, 0) turned by pi/3 is (0.5, 0.866): lengths are kept, only directions turn."
+        slow = ref ** (-(d - 2) / d)
+        if not (math.isfinite(got) and got > 0):
+            raise _Wrong(f"for base {base:g}, head_dim {d}, scale {s:g} you returned {got!r}: a "
+                         "base must be a positive number")
+        for hint, value in (
+            ("b * scale would be right if the slowest pair turned by 1/base per position, but "
+             "theta_i = base^(-2i/d), so the slowest pair (i = d/2 - 1) turns by "
+             "base^(-(d-2)/d): solve b'^(-(d-2)/d) = base^(-(d-2)/d) / scale for b'",
+             base * s),
+            ("the exponent is upside down: from b'^(-(d-2)/d) = base^(-(d-2)/d) / scale, "
+             "b' = base * scale^(d/(d-2))", base * s ** ((d - 2) / d)),
+            ("a smaller base makes every pair turn *faster*; to slow the slow pairs down, "
+             "raise the base", base / s ** (d / (d - 2))),
+            ("a smaller base makes every pair turn *faster*; to slow the slow pairs down, "
+             "raise the base", base / s),
+            ("base ** scale is far too large: the base is multiplied by a factor, "
+             "scale^(d/(d-2)), not raised to a power", base ** s),
+            ("count the pairs from 0: the slowest is i = d/2 - 1, so its exponent is (d-2)/d, "
+             "not (d-1)/d", base * s ** (d / (d - 1))),
+        ):
+            if math.isclose(got, value, rel_tol=1e-9):
+                raise _Wrong(hint)
+        got_slow = got ** (-(d - 2) / d) if got > 0 else float("nan")
+        raise _Wrong(f"for base {base:g}, head_dim {d}, scale {s:g}: the slowest pair should turn "
+                     f"by {slow:.4g} rad per position with the new base, but with yours it turns "
+                     f"by {got_slow:.4g}")
+    return ("for head_dim 64 and a 4x longer context the base grows from 10,000 to about "
+            "41,800: pair 0 is untouched, the slowest pair turns 4x slower.")
 
 
 # --------------------------------------------------------------------------------------------

@@ -263,7 +263,8 @@ def plot_bottleneck(words, weights, decoder_steps: int = 4):
 def plot_word_links(words, query: int, strong: int, weak: int | None = None,
                     title: str = "", strong_label: str = "strong", weak_label: str = "weak"):
     """Write a sentence on one line and draw curved arrows from word ``query`` to word ``strong``
-    (thick) and, optionally, to word ``weak`` (thin, dashed). Returns the ``Axes``.
+    (thick, labelled outside its arc) and, optionally, to word ``weak`` (thin, dashed, labelled
+    inside its arc when it is the shorter one). Returns the ``Axes``.
 
     Shapes: ``words``: ``T`` strings; ``query``, ``strong``, ``weak``: indices in ``0 .. T-1``.
     """
@@ -279,18 +280,26 @@ def plot_word_links(words, query: int, strong: int, weak: int | None = None,
         bold = x in (query, strong)
         ax.text(x, 0, word, ha="center", va="center", fontsize=11,
                 fontweight="bold" if bold else "normal")
-    links = [(strong, 3.0, _ARROW, "-", strong_label)]
-    if weak is not None:
-        links.append((weak, 1.0, "grey", "--", weak_label))
-    for target, lw, color, ls, label in links:
-        ax.annotate("", xy=(target, 0.15), xytext=(query, 0.15),
-                    arrowprops={"arrowstyle": "->", "lw": lw, "color": color, "ls": ls,
-                                "connectionstyle": "arc3,rad=0.35"})
-        height = 0.3 + 0.14 * abs(query - target)
-        ax.text((query + target) / 2, height, label, color=color, fontsize=9, ha="center")
+    links = [(strong, 3.0, _ARROW, "-", strong_label, True)]  # label outside its arc
+    if weak is not None:  # label inside its arc: a longer strong arc may pass just outside it
+        links.append((weak, 1.0, "grey", "--", weak_label, abs(weak - query) > abs(strong - query)))
     ax.set_xlim(-0.8, T - 0.2)
     ax.set_ylim(-0.4, 1.4)
     ax.axis("off")
+    rad = 0.35
+    for target, lw, color, ls, label, outside in links:
+        ax.annotate("", xy=(target, 0.15), xytext=(query, 0.15),
+                    arrowprops={"arrowstyle": "->", "lw": lw, "color": color, "ls": ls,
+                                "connectionstyle": f"arc3,rad={rad}"})
+        # The arc is a quadratic Bezier curve drawn in display space: its control point sits
+        # rad * (dy, -dx) from the midpoint, so its apex sits half as far. Put the label just
+        # beyond the apex (outside the arc) or just below it (inside), never on a line.
+        start, end = ax.transData.transform([(query, 0.15), (target, 0.15)])
+        (dx, dy), mid = end - start, (start + end) / 2
+        apex = ax.transData.inverted().transform(mid + 0.5 * rad * np.array([dy, -dx]))
+        up = (-dx >= 0) == outside  # the arc bulges upwards when it runs leftwards
+        ax.annotate(label, apex, textcoords="offset points", xytext=(0, 5 if up else -5),
+                    color=color, fontsize=9, ha="center", va="bottom" if up else "top")
     ax.set_title(title)
     return ax
 
@@ -315,7 +324,8 @@ def _convex_hull(points: np.ndarray) -> np.ndarray:
 
 def plot_context_vectors(X, Z, tokens=None, ax=None, title: str = "Context vectors"):
     """Draw the inputs, their convex hull and centroid, and an arrow from each input ``x_i`` to
-    its context vector ``z_i``, all projected onto the inputs' first two principal directions
+    its context vector ``z_i`` (each token in its own colour: circle ``x_i``, diamond ``z_i``),
+    all projected onto the inputs' first two principal directions
     (a linear map, so a weighted average of the inputs stays one: points inside the hull stay
     inside). Returns the ``Axes``.
 
@@ -337,15 +347,24 @@ def plot_context_vectors(X, Z, tokens=None, ax=None, title: str = "Context vecto
     if ax is None:
         _, ax = plt.subplots(figsize=(5.5, 4.5))
     hull = _convex_hull(x2)
-    ax.fill(hull[:, 0], hull[:, 1], color="#e8e8e8", edgecolor="#9a9a9a", lw=1,
+    ax.fill(hull[:, 0], hull[:, 1], color="#ececec", edgecolor="#9a9a9a", lw=1,
             label="convex hull of the inputs")
-    for (x0, y0), (x1, y1) in zip(x2, z2, strict=True):
+    # one categorical colour per token: x_i (circle), its arrow and z_i (diamond) share it
+    palette = plt.get_cmap("tab10" if len(x2) <= 10 else "tab20")
+    colors = [palette(i % palette.N) for i in range(len(x2))]
+    for (x0, y0), (x1, y1), color in zip(x2, z2, colors, strict=True):
         ax.annotate("", xy=(x1, y1), xytext=(x0, y0),
-                    arrowprops={"arrowstyle": "->", "lw": 0.8, "color": "#9a9a9a"})
-    ax.scatter(x2[:, 0], x2[:, 1], color="black", s=25, zorder=3, label="inputs $x^{(i)}$")
-    ax.scatter(z2[:, 0], z2[:, 1], color="#d95f02", s=25, zorder=4,
-               label="context vectors $z^{(i)}$")
-    ax.scatter([0], [0], marker="x", color="#1b9e77", s=60, zorder=5, label="centroid")
+                    arrowprops={"arrowstyle": "->", "lw": 1.0, "color": color, "alpha": 0.8,
+                                "shrinkA": 3, "shrinkB": 4})
+    ax.scatter(x2[:, 0], x2[:, 1], c=colors, s=40, zorder=3, edgecolors="black", linewidths=0.5)
+    ax.scatter(z2[:, 0], z2[:, 1], c=colors, marker="D", s=30, zorder=4, edgecolors="black",
+               linewidths=0.5, alpha=0.85)
+    ax.scatter([0], [0], marker="x", color="black", s=60, zorder=5, label="centroid")
+    # legend entries for the two marker shapes (colours name the tokens)
+    ax.scatter([], [], marker="o", color="white", edgecolors="black", s=40,
+               label="input $x^{(i)}$ (colour = token)")
+    ax.scatter([], [], marker="D", color="white", edgecolors="black", s=30,
+               label="its context vector $z^{(i)}$")
     # labels point away from the centroid; a point close to an earlier one gets its label turned
     # a quarter turn, so near-identical tokens stay readable
     near = 0.06 * float(np.ptp(x2, axis=0).max() or 1.0)
@@ -354,6 +373,7 @@ def plot_context_vectors(X, Z, tokens=None, ax=None, title: str = "Context vecto
         if any(np.hypot(*(x2[i] - x2[k])) < near for k in range(i)):
             u = np.array([u[1], -u[0]])
         ax.annotate(label, (x0, y0), textcoords="offset points", xytext=tuple(9 * u), fontsize=9,
+                    color=colors[i], fontweight="bold",
                     ha="left" if u[0] >= -0.3 else "right", va="bottom" if u[1] >= -0.3 else "top")
     ax.margins(0.15)
     ax.set_aspect("equal", adjustable="datalim")

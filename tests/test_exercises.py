@@ -170,10 +170,20 @@ def cosine_returns_tuple(X):
     return A @ X, A
 
 
-DESIGN_OK = np.array([[1.0, 0.0], [2.0, 0.0], [0.0, 0.0]])
-DESIGN_OK_NONZERO = [[1.0, 0.0], [2.0, 1.0], [0.5, -0.5]]  # x2 orthogonal-ish, equal scores
+# Exercise 1.3's prediction, by hand from the printed scores of notebook 01: a row's largest /
+# smallest weight is e^(span of its scores). Dot-product spans (largest minus smallest score):
+# Your 0.9995-0.4576, journey 1.4950-0.7070, starts 1.4754-0.7154, with 0.8434-0.3474,
+# one 0.7154-0.2935, step 1.0865-0.2935; cosine spans are 1 minus the smallest cosine. Only
+# "one" (span 0.42) has a smallest cosine below 0.58 (cos(one, step) = 0.2935 / (0.8157 * 0.9721)).
+SHARPER = {"one"}
+# 1.4: x2 = (0.5, -0.5) scores 0.5 with x0 = (1, 0), with x1 = (2, 1) and with itself.
+DESIGN_OK = np.array([[1.0, 0.0], [2.0, 1.0], [0.5, -0.5]])
+DESIGN_ZERO_X2 = [[1.0, 0.0], [2.0, 0.0], [0.0, 0.0]]  # the trivial answer, ruled out
+DESIGN_SHORT_X2 = [[1.0, 0.0], [2.0, 1.0], [0.2, -0.2]]  # equal scores 0.2 each, but |x2| < 0.5
 DESIGN_SELF = [[1.0, 0.0], [0.5, 0.0], [0.0, 0.0]]
-DESIGN_NOT_UNIFORM = [[1.0, 0.0], [2.0, 0.0], [1.0, 1.0]]
+DESIGN_PARALLEL = [[1.0, 0.0], [2.0, 0.0], [0.0, 1.0]]  # x0, x1 on one line: no x2 can work
+DESIGN_NOT_UNIFORM = [[1.0, 0.0], [2.0, 1.0], [1.0, 1.0]]  # scores 1, 3, 2
+DESIGN_ROUNDED = [[1.0, 0.0], [2.0, 1.0], [0.5, -0.4999]]  # scores 0.5, 0.5001, 0.4999
 DESIGN_QUERY1 = [[1.0, 0.0], [2.0, 1.0], [0.0, 5.0]]
 
 
@@ -194,6 +204,15 @@ def cosine_raises(X):
 DESIGN_BARELY = [[1.0, 0.0], [1.01, 0.0], [0.0, 0.0]]  # prefers key 1, by 0.004 < 0.01
 DESIGN_QUERY1_BARELY = [[1.0, 0.0], [2.0, 1.0], [0.0, 4.98]]  # x1.x1 = 5 vs x1.x2 = 4.98
 
+# 1.5's design half: three unit vectors 120 degrees apart. Every row of X X^T holds 1 (itself)
+# and -1/2 twice, so every row has the same maximum and the same sum: the bug cancels.
+R3 = math.sqrt(3) / 2
+LUCKY = [[1.0, 0.0], [-0.5, R3], [-0.5, -R3]]
+LUCKY_TYPED = [[1.0, 0.0], [-0.5, 0.866], [-0.5, -0.866]]  # 4 decimals: within 1e-4
+LUCKY_NEARLY = [[1.0, 0.0], [-0.5, 0.8665], [-0.5, -0.8665]]  # maxima 1 and 1.0008
+LUCKY_SUMS = [[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]]  # maxima all 1, row sums differ
+LUCKY_TINY = [[0.1, 0.0], [-0.05, 0.1 * R3], [-0.05, -0.1 * R3]]  # right, but weights ~1/3
+
 
 # Exercise 1.5: softmax lines without keepdims=True. References: PyTorch's softmax, and a loop.
 def attention_ok(X):
@@ -208,6 +227,10 @@ def attention_loop(X):
         e = np.exp(s - s.max())
         Z[i] = (e / e.sum()) @ X
     return Z
+
+
+def attention_np_softmax(X):  # section 4's stable_softmax reused: right, but finds no bug
+    return np_softmax(X @ X.T) @ X
 
 
 def attention_float32(X):
@@ -774,9 +797,17 @@ CASES = [
     (C.check_log_softmax, (log_softmax_no_keepdims,), False, "could not be broadcast"),
     (C.check_log_softmax, (log_softmax_no_keepdims_if_square,), False, "keepdims=True is missing"),
     (C.check_log_softmax, (42,), False, "expected a function"),
-    (C.check_cosine_attention, (cosine_ok,), True, OK),
-    (C.check_cosine_attention, (cosine_loop,), True, OK),
+    (C.check_cosine_attention, (cosine_ok, SHARPER), True, OK),
+    (C.check_cosine_attention, (cosine_loop, ["one"]), True, OK),
+    (C.check_cosine_attention, (cosine_ok, {4}), True, OK),
     (C.check_cosine_attention, (stub1,), None, NA),
+    (C.check_cosine_attention, (stub1, SHARPER), None, NA),
+    (C.check_cosine_attention, (cosine_ok,), None, "now type predicted_sharper_rows"),
+    (C.check_cosine_attention, (cosine_ok, set()), False, "'one' gets sharper (span 0.42 -> 0.63)"),
+    (C.check_cosine_attention, (cosine_ok, {"one", "journey"}), False, "'journey' gets flatter"),
+    (C.check_cosine_attention, (cosine_ok, {"one", "step"}), False, "'step' gets flatter (span 0.79 -> 0.63)"),
+    (C.check_cosine_attention, (cosine_ok, {"on"}), False, "not one of the six tokens"),
+    (C.check_cosine_attention, (cosine_ok, {"one": 1}), False, "a set of token names"),
     (C.check_cosine_attention, (cosine_dot_product,), False, "plain dot product"),
     (C.check_cosine_attention, (cosine_query_norm_only,), False, "only by the query's length"),
     (C.check_cosine_attention, (cosine_no_softmax,), False, "cosine similarities themselves"),
@@ -787,19 +818,31 @@ CASES = [
     (C.check_cosine_attention, (cosine_raises,), False, "raised ValueError"),
     (C.check_cosine_attention, (cosine_raises,), False, "on an X of shape (6, 3)"),
     (C.check_design_embeddings, (DESIGN_OK,), True, OK),
-    (C.check_design_embeddings, (DESIGN_OK_NONZERO,), True, OK),
     (C.check_design_embeddings, (torch.tensor(DESIGN_OK),), True, OK),
     (C.check_design_embeddings, (None,), None, NA),
+    (C.check_design_embeddings, (DESIGN_ZERO_X2,), False, "x2 has length 0.0000; it must be at least 0.5"),
+    (C.check_design_embeddings, (DESIGN_SHORT_X2,), False, "x2 has length 0.2828"),
+    (C.check_design_embeddings, (DESIGN_PARALLEL,), False, "lie on one line through the origin"),
+    (C.check_design_embeddings, (DESIGN_ROUNDED,), False, "nearly: query 2's weights"),
     (C.check_design_embeddings, (DESIGN_SELF,), False, "does not prefer key 1 over itself"),
     (C.check_design_embeddings, (DESIGN_BARELY,), False, "does prefer key 1, but only by 0.0042"),
     (C.check_design_embeddings, (DESIGN_NOT_UNIFORM,), False, "query 2's weights"),
     (C.check_design_embeddings, (DESIGN_QUERY1,), False, "query 1 should attend most to itself"),
     (C.check_design_embeddings, (DESIGN_QUERY1_BARELY,), False, "query 1 does attend most to itself, but only"),
     (C.check_design_embeddings, (DESIGN_OK.T,), False, "shape (3, 2)"),
-    (C.check_spot_the_bug, (attention_ok,), True, OK),
-    (C.check_spot_the_bug, (attention_loop,), True, OK),
-    (C.check_spot_the_bug, (attention_float32,), True, OK),
+    (C.check_spot_the_bug, (attention_ok, LUCKY), True, OK),
+    (C.check_spot_the_bug, (attention_loop, LUCKY_TYPED), True, OK),
+    (C.check_spot_the_bug, (attention_float32, np.array(LUCKY) * 2), True, OK),
     (C.check_spot_the_bug, (stub1,), None, NA),
+    (C.check_spot_the_bug, (stub1, LUCKY), None, NA),
+    (C.check_spot_the_bug, (attention_np_softmax,), None, "now design X_lucky"),
+    (C.check_spot_the_bug, (attention_np_softmax, np.zeros((3, 2))), False, "within 0.05 of 1/3"),
+    (C.check_spot_the_bug, (attention_ok, LUCKY_TINY), False, "within 0.05 of 1/3"),
+    (C.check_spot_the_bug, (attention_ok, [[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]]), False, "maxima [1.0, 4.0, 2.0]"),
+    (C.check_spot_the_bug, (attention_ok, LUCKY_SUMS), False, "the row maxima agree (1.0000), but the sums"),
+    (C.check_spot_the_bug, (attention_ok, LUCKY_NEARLY), False, "nearly: the buggy weights differ"),
+    (C.check_spot_the_bug, (attention_ok, np.array(LUCKY).T), False, "shape (3, 2)"),
+    (C.check_spot_the_bug, (buggy_attention, LUCKY), False, "still the bug"),
     (C.check_spot_the_bug, (buggy_attention,), False, "still the bug"),
     (C.check_spot_the_bug, (attention_shift_fixed_only,), False, "the shift is fixed, but"),
     (C.check_spot_the_bug, (attention_division_fixed_only,), False, "the shift still subtracts row j's maximum"),
@@ -945,6 +988,20 @@ def test_reference_solutions_agree_with_pytorch():
     assert np.allclose(PRED_Z, w @ np.array([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]]))
     X01 = rng.normal(size=(5, 3)) * np.array([[29.0], [0.1], [1.0], [3.0], [0.5]])
     assert np.allclose(attention_loop(X01), attention_ok(X01).numpy())
+    lucky = np.array(LUCKY)
+    assert np.allclose(lucky @ lucky.T, np.where(np.eye(3, dtype=bool), 1.0, -0.5))
+    assert np.allclose(buggy_attention(lucky), attention_ok(lucky).numpy(), atol=1e-12)
+    assert not np.allclose(buggy_attention(np.array(LUCKY_SUMS)), attention_loop(np.array(LUCKY_SUMS)))
+    D = np.array(DESIGN_OK)
+    assert np.allclose((D @ D.T)[2], 0.5)  # query 2: three equal scores
+    # 1.3's prediction, measured independently with PyTorch on the six tokens
+    from shared.data import load_embeddings
+
+    tokens, X6 = load_embeddings()
+    A_dot = torch.softmax(torch.from_numpy(X6 @ X6.T), dim=-1)
+    A_cos = cosine_ok(X6)
+    ratio = lambda A: A.max(dim=-1).values / A.min(dim=-1).values  # noqa: E731
+    assert {t for t, a, c in zip(tokens, ratio(A_dot), ratio(A_cos), strict=True) if c > a} == SHARPER
     for k, d_model, base in ((3, 8, 10000.0), (-2, 6, 100.0)):
         assert np.allclose(shift_ok(k, d_model, base), shift_lstsq(k, d_model, base), atol=1e-6)
     torch.manual_seed(0)

@@ -150,6 +150,25 @@ def test_plot_word_links_bolds_the_words_and_draws_one_arrow_each():
     assert len([t for t in no_weak.texts if getattr(t, "arrow_patch", None) is not None]) == 1
 
 
+@pytest.mark.parametrize("query, strong, weak", [(7, 1, 5), (1, 7, 5), (4, 0, 8)])
+def test_plot_word_links_labels_touch_no_arrow(query, strong, weak):
+    """The notebook's case ("it" -> "animal", "street"), the mirror image and a weak arc longer
+    than the strong one: neither label's box crosses either arc."""
+    words = ["The", "animal", "didn't", "cross", "the", "street", "because", "it", "was", "too"]
+    ax = plot_word_links(words, query=query, strong=strong, weak=weak, strong_label="strong: who?")
+    ax.figure.canvas.draw()
+    renderer = ax.figure.canvas.get_renderer()
+    arrows = [t.arrow_patch for t in ax.texts if getattr(t, "arrow_patch", None) is not None]
+    labels = [t for t in ax.texts if t.get_text() in ("strong: who?", "weak")]
+    assert len(arrows) == 2 and len(labels) == 2
+    for label in labels:
+        box = label.get_window_extent(renderer)
+        for arrow in arrows:
+            path = arrow.get_transform().transform_path(arrow.get_path())
+            assert not path.intersects_bbox(box, filled=False), (label.get_text(), box)
+    plt.close("all")
+
+
 @pytest.mark.parametrize(
     "call, error, match",
     [
@@ -192,6 +211,14 @@ def test_context_vectors_plot_takes_tensors_and_names_bad_input():
     Z = (W / W.sum(axis=1, keepdims=True)) @ X  # convex combinations of the rows of X
     ax = plot_context_vectors(torch.tensor(X), torch.tensor(Z), tokens=list("abcde"))
     assert ax.get_title()
+    # each token has its own colour, shared by x_i, its arrow, z_i and its label
+    inputs, contexts = (c.get_facecolors()[:, :3] for c in ax.collections[:2])  # circles, diamonds
+    assert inputs.shape == contexts.shape == (5, 3) and np.array_equal(inputs, contexts)
+    assert len({tuple(c) for c in inputs}) == 5
+    arrows = [t.arrow_patch for t in ax.texts if getattr(t, "arrow_patch", None) is not None]
+    assert [tuple(a.get_edgecolor()[:3]) for a in arrows] == [tuple(c) for c in inputs]
+    labels = {t.get_text(): t.get_color() for t in ax.texts if t.get_text() in "abcde"}
+    assert [tuple(labels[k][:3]) for k in "abcde"] == [tuple(c) for c in inputs]
     plt.close("all")
     with pytest.raises(ValueError, match=r"X must be \(T, d\) with T >= 3"):
         plot_context_vectors(np.ones((2, 3)), np.ones((2, 3)))

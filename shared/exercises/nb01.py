@@ -270,11 +270,45 @@ def _cosine_weights(X: np.ndarray) -> np.ndarray:
     return _softmax(U @ U.T)
 
 
+def _sharper_rows() -> tuple[list[str], np.ndarray, np.ndarray]:
+    """The six tokens of notebook 01, and per row the span (largest minus smallest score) of the
+    dot-product scores and of the cosines: largest / smallest weight = e^span."""
+    from shared.data import load_embeddings
+
+    tokens, X = load_embeddings()
+    S = X @ X.T
+    n = np.linalg.norm(X, axis=-1, keepdims=True)
+    cos = S / (n * n.T)
+    return tokens, np.ptp(S, axis=-1), np.ptp(cos, axis=-1)
+
+
+def _token_set(answer, tokens: list[str], what: str) -> set[str]:
+    """A learner's set (list, tuple) of token names or 0-based indices as a set of names."""
+    if isinstance(answer, (str, int, np.integer)) and not isinstance(answer, bool):
+        answer = [answer]
+    if isinstance(answer, dict) or not isinstance(answer, (set, frozenset, list, tuple)):
+        raise _Wrong(f"{what} should be a set of token names such as {{\"Your\", \"step\"}} "
+                     f"(or set() for none); got {type(answer).__name__}")
+    names = set()
+    for a in answer:
+        if isinstance(a, (int, np.integer)) and not isinstance(a, bool) and 0 <= a < len(tokens):
+            names.add(tokens[int(a)])
+        elif isinstance(a, str) and a.strip() in tokens:
+            names.add(a.strip())
+        else:
+            raise _Wrong(f"{what} contains {a!r}, which is not one of the six tokens "
+                         f"{tokens} (names, or indices 0 to {len(tokens) - 1})")
+    return names
+
+
 @_checker
-def check_cosine_attention(cosine_attention_weights):
+def check_cosine_attention(cosine_attention_weights, predicted_sharper_rows=None):
     """Exercise 1.3: ``cosine_attention_weights(X)`` -> ``softmax(cos)`` row by row, ``(T, T)``,
     where ``cos[i, j] = x_i . x_j / (|x_i| |x_j|)``. X: NumPy ``(T, d)``, no zero rows, left
-    unchanged (the learner's function gets the checker's array itself, so ``X /= ...`` shows)."""
+    unchanged (the learner's function gets the checker's array itself, so ``X /= ...`` shows).
+    Then ``predicted_sharper_rows``: the tokens of notebook 01 whose row gets sharper (a larger
+    ratio of largest to smallest weight) with cosines than with dot products, made before
+    measuring (a set of names or 0-based indices)."""
     rng = _rng(103)
     lengths = np.array([[1.0], [100.0], [0.01], [7.0], [0.3]])
     cases = [rng.uniform(0.05, 1, (6, 3)), rng.normal(size=(4, 5)),
@@ -317,14 +351,31 @@ def check_cosine_attention(cosine_attention_weights):
                 X.shape[1]))),
         ])
         raise _Wrong(f"the weights differ from softmax(cos) by up to {_maxdiff(got, ref)}")
+    if predicted_sharper_rows is None:
+        raise _NotAttempted("the function is right; now type predicted_sharper_rows, your "
+                            "prediction of the rows that get sharper")
+    tokens, span_dot, span_cos = _sharper_rows()
+    truth = {t for t, a, b in zip(tokens, span_dot, span_cos, strict=True) if b > a}
+    guess = _token_set(predicted_sharper_rows, tokens, "predicted_sharper_rows")
+    if guess != truth:
+        wrong = [t for t in tokens if (t in guess) != (t in truth)]
+        said = ", ".join(
+            f"{t!r} gets {'sharper' if t in truth else 'flatter'} (span "
+            f"{span_dot[tokens.index(t)]:.2f} -> {span_cos[tokens.index(t)]:.2f})" for t in wrong)
+        raise _Wrong(f"{said}. A row's largest / smallest weight is e^(largest score - smallest "
+                     "score), so a row gets sharper exactly when the span of its scores grows; "
+                     "measure the spans of every row (np.ptp(scores, axis=1)) before you change "
+                     "your answer")
     return ("cos(x_i, x_i) = 1 is the largest possible cosine, so every query now attends most "
-            "to itself (but only mildly: cosines lie in [-1, 1]).")
+            "to itself; only the row of the short 'one', whose own score lost to longer vectors, "
+            "gets sharper.")
 
 
 # --------------------------------------------------------------------------------------------
 # 1.4 Design embeddings
 # --------------------------------------------------------------------------------------------
 _MARGIN = 0.01
+_MIN_LENGTH = 0.5  # rules out x2 = 0, which scores 0 with every key for free
 
 
 def _by(margin: float) -> str:
@@ -335,7 +386,8 @@ def _by(margin: float) -> str:
 def check_design_embeddings(X):
     """Exercise 1.4: an ``X`` of shape ``(3, 2)`` such that in ``softmax(X X^T)`` query 0's
     largest weight is on key 1, query 1's on itself (each winning by at least 0.01), and query
-    2's weights are all 1/3."""
+    2's weights are all 1/3, with ``|x2| >= 0.5`` (so not the zero vector: x2 must score
+    ``x2 . x0 = x2 . x1 = x2 . x2``)."""
     if X is None:
         raise _NotAttempted("X is still None: type a (3, 2) array of numbers")
     X = _numbers(X, "X").copy()
@@ -378,12 +430,28 @@ def check_design_embeddings(X):
         raise _Wrong(f"query 1 should attend most to itself, but key {k} gets {A[1, k]:.4f} "
                      f"against {A[1, 1]:.4f} (x1·{names[k]} = {S[1, k]:.4f}, x1·x1 = "
                      f"{S[1, 1]:.4f})")
+    length = float(np.linalg.norm(X[2]))
+    if length < _MIN_LENGTH:
+        raise _Wrong(f"x2 has length {length:.4f}; it must be at least {_MIN_LENGTH} (the zero "
+                     "vector would score 0 with every key for free). Find an x2 whose scores "
+                     "with x0 and x1 both equal its own score x2·x2")
     if not np.allclose(A[2], 1 / 3, atol=1e-6):
+        scores = (f"x2·x0 = {S[2, 0]:.4f}, x2·x1 = {S[2, 1]:.4f}, x2·x2 = {S[2, 2]:.4f}")
+        if np.allclose(A[2], 1 / 3, atol=1e-3):
+            raise _Wrong(f"nearly: query 2's weights are within 0.001 of 1/3, but not equal "
+                         f"({scores}). Type exact values (fractions such as 1/3, or np.sqrt) "
+                         "instead of rounded decimals")
+        cross = X[0, 0] * X[1, 1] - X[0, 1] * X[1, 0]  # 0 when x0 and x1 are parallel
+        if abs(cross) < 1e-9 * max(1.0, float(np.abs(X).max())) ** 2:
+            raise _Wrong(f"x0 and x1 lie on one line through the origin, so x2·x0 = x2·x1 forces "
+                         f"x2·x0 = 0 (x2 perpendicular to both), and then x2·x2 > 0 cannot match: "
+                         f"no x2 of length >= {_MIN_LENGTH} works. Tilt x1 away from x0's "
+                         f"direction ({scores})")
         raise _Wrong(f"query 2's weights are {np.round(A[2], 4).tolist()}, not 1/3 each: softmax "
-                     f"gives equal weights only to equal scores, and yours are x2·x0 = "
-                     f"{S[2, 0]:.4f}, x2·x1 = {S[2, 1]:.4f}, x2·x2 = {S[2, 2]:.4f}")
-    return ("query 0 prefers the longer x1, and query 2's scores are all equal, so its weights "
-            "are uniform.")
+                     f"gives equal weights only to equal scores, and yours are {scores}: all three "
+                     "must be equal, x2's score with itself included")
+    return ("query 0 prefers the longer x1, and x2 scores the same with every key, itself "
+            "included, so its weights are uniform.")
 
 
 # --------------------------------------------------------------------------------------------
@@ -411,12 +479,53 @@ def _keepdims_variants(S: np.ndarray):
     return both, shift_only, division_only
 
 
+_LUCKY_TOL = 1e-4  # "exactly right": typed decimals such as 0.866 for sqrt(3)/2 still pass
+_LUCKY_SPREAD = 0.05  # some weight must lie this far from 1/3, so the bug could show
+
+
+def _check_lucky_x(X_lucky) -> None:
+    """The design half of exercise 1.5: an ``X`` ``(3, 2)`` whose weights are not all (nearly)
+    1/3 and on which ``buggy_attention``'s weights equal the softmax. That happens exactly when
+    every row of ``X X^T`` has the same maximum and the same sum of ``exp(score - max)``."""
+    X = _numbers(X_lucky, "X_lucky").copy()
+    if X.shape != (3, 2):
+        raise _Wrong(f"X_lucky should have shape (3, 2): three tokens with two numbers each; got "
+                     f"{X.shape}")
+    if not np.isfinite(X).all():
+        raise _Wrong("X_lucky contains inf or nan: use ordinary numbers")
+    S = X @ X.T
+    A = _softmax(S)
+    if np.abs(A - 1 / 3).max() < _LUCKY_SPREAD:
+        raise _Wrong(f"on your X_lucky every weight is within {_LUCKY_SPREAD} of 1/3 (all rows "
+                     "equal, zero or tiny), so the bug has nothing to spoil: choose an X whose "
+                     "scores differ within a row")
+    buggy = _keepdims_variants(S)[0]
+    if np.isfinite(buggy).all() and np.abs(buggy - A).max() <= _LUCKY_TOL:
+        return
+    m = S.max(axis=-1)
+    sums = np.exp(S - m[:, None]).sum(axis=-1)
+    if np.ptp(m) > 1e-3:
+        raise _Wrong(f"the rows of X_lucky @ X_lucky.T have the maxima "
+                     f"{np.round(m, 4).tolist()}: the buggy shift subtracts row j's maximum from "
+                     "column j, which cancels in the softmax only if every row has the same "
+                     "maximum")
+    if np.ptp(sums) > 1e-3:
+        raise _Wrong(f"the row maxima agree ({m[0]:.4f}), but the sums of exp(score - max) differ "
+                     f"from row to row ({np.round(sums, 4).tolist()}): the buggy division divides "
+                     "column j by row j's sum, harmless only if every row has the same sum")
+    raise _Wrong(f"nearly: the buggy weights differ from the softmax by "
+                 f"{_maxdiff(buggy, A)} on your X_lucky; type exact values (np.sqrt(3) / 2, not "
+                 "0.87) so that the row maxima and sums agree exactly")
+
+
 @_checker
-def check_spot_the_bug(fixed_attention):
+def check_spot_the_bug(fixed_attention, X_lucky=None):
     """Exercise 1.5: the fixed version of ``buggy_attention`` in notebook 01, whose softmax lines
     lack ``keepdims=True``: ``fixed_attention(X)``, X NumPy ``(T, d)`` -> ``softmax(X X^T) @ X``
     ``(T, d)``, X left unchanged. The last hidden X has rows of lengths 29 and 0.1 (scores up to
-    841): only a shift by each row's own maximum stays finite there."""
+    841): only a shift by each row's own maximum stays finite there. Then ``X_lucky``: an X
+    ``(3, 2)`` with weights not all near 1/3 on which ``buggy_attention`` is exactly right (so
+    the learner must know *when* the bug is harmless, not only how to fix it)."""
     name = "fixed_attention"
     for X in _bug_cases():
         T, d = X.shape
@@ -484,5 +593,10 @@ def check_spot_the_bug(fixed_attention):
         ], atol=tol)
         raise _Wrong(f"for an X of shape {X.shape} your context vectors differ from "
                      f"softmax(X @ X.T) @ X by up to {_maxdiff(got, ref)}")
+    if X_lucky is None:
+        raise _NotAttempted("fixed_attention is right; now design X_lucky, a (3, 2) X on which "
+                            "buggy_attention happens to be exactly right")
+    _check_lucky_x(X_lucky)
     return ("a (T, T) array minus a (T,) array broadcasts along the rows; keepdims=True keeps "
-            "each row's maximum and sum in its own row.")
+            "each row's maximum and sum in its own row. The bug hides only when every row has "
+            "the same maximum and the same sum.")

@@ -26,8 +26,9 @@ The exercises, by notebook (the checker names say what they check):
 * 04: ``check_fixed_multi_head``, ``check_duplicate_token_head``, ``check_attention_parameters``.
 * 05: ``check_time_call``, ``check_online_softmax_step``, ``check_score_memory``,
   ``check_block_size``.
-* 06: ``check_previous_token_score``, ``check_ablate_head``, ``check_find_induction_head``.
-* 07: ``check_rotate_pair``, ``check_shift_change``, ``check_to_half_split``,
+* 06: ``check_one_layer_experiment``, ``check_position_mean_ablation``,
+  ``check_find_induction_head``, ``check_fixed_period_shortcut``.
+* 07: ``check_ntk_base``, ``check_shift_change``, ``check_to_half_split``,
   ``check_alibi_mass_beyond``.
 * 08: ``check_chunked_prefill``, ``check_cache_bytes``, ``check_sink_ring_cache``,
   ``check_crossover_context``.
@@ -37,7 +38,8 @@ The exercises, by notebook (the checker names say what they check):
 
 Notebooks 01-03 pass NumPy arrays to the learner's functions (03's module exercise passes a
 tensor); the others pass PyTorch tensors. Answers may be either (they are converted for comparison).
-Some exercises (1.1, 1.4, 2.1) take values the learner worked out instead of a function.
+Some exercises take values the learner worked out (1.1, 1.4, 2.1), or a prediction or a designed
+input beside the function (1.3, 1.5).
 """
 
 from __future__ import annotations

@@ -952,9 +952,16 @@ CASES = [
 ]
 
 
+def _label(answer) -> str:
+    """A test id part that is the same in every process (sets print in hash order)."""
+    if isinstance(answer, (set, frozenset)):
+        return "{" + ", ".join(sorted(map(repr, answer))) + "}"
+    return getattr(answer, "__name__", repr(answer))
+
+
 def _id(case):
     checker, answers, _, _ = case
-    return f"{checker.__name__}-{'+'.join(getattr(a, '__name__', repr(a)) for a in answers)}"
+    return f"{checker.__name__}-{'+'.join(_label(a) for a in answers)}"
 
 
 @pytest.mark.parametrize("checker, answers, expected, phrase", CASES, ids=[_id(c) for c in CASES])

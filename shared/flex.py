@@ -15,13 +15,14 @@ written with tensor operations (``&``, ``|``, ``torch.where``), not Python ``and
 
 Mask mods here: ``causal``, ``causal_bottom_right`` (T_q < T_k, as in a KV cache),
 ``sliding_window``, ``prefix_lm``, ``document`` (packed sequences), ``padding`` (per-batch key
-lengths), ``sinks`` (a window plus the first tokens, StreamingLLM) and ``chunked_causal``. Score
+lengths) and ``sinks`` (a window plus the first tokens, StreamingLLM). Score
 mods: ``alibi`` (notebook 07's slopes) and ``soft_cap`` (tanh soft-capping, Gemma 2).
 
 Helpers: ``dense_mask`` evaluates a mask_mod on every (query, key) pair by broadcasting (True = may
 attend), for checks against the course's own masks and ``F.scaled_dot_product_attention``;
-``score_bias`` evaluates a score_mod on a score matrix; ``tile_map`` reads a ``BlockMask`` as a
-``(q blocks, kv blocks)`` array of ``EMPTY``, ``PARTIAL`` and ``FULL`` tiles.
+``score_bias`` evaluates a score_mod on a score matrix, one score at a time as FlexAttention does;
+``tile_map`` reads a ``BlockMask`` as a ``(q blocks, kv blocks)`` array of ``EMPTY``, ``PARTIAL``
+and ``FULL`` tiles, and ``effective_mask`` expands it into the pairs a compiled kernel attends to.
 """
 
 from __future__ import annotations
@@ -40,11 +41,11 @@ __all__ = [
     "document",
     "padding",
     "sinks",
-    "chunked_causal",
     "alibi",
     "soft_cap",
     "dense_mask",
     "score_bias",
+    "effective_mask",
     "tile_map",
     "EMPTY",
     "PARTIAL",
@@ -151,17 +152,6 @@ def sinks(window: int, num_sinks: int) -> Callable:
     return sinks_mask
 
 
-def chunked_causal(chunk: int) -> Callable:
-    """Chunked causal attention: the sequence is cut into chunks of ``chunk`` tokens; a query sees
-    the earlier keys of its own chunk only."""
-    chunk = _positive_int("chunk", chunk)
-
-    def chunked_causal_mask(b, h, q_idx, kv_idx):
-        return (q_idx // chunk == kv_idx // chunk) & (q_idx >= kv_idx)
-
-    return chunked_causal_mask
-
-
 # --------------------------------------------------------------------------------------------
 # score_mods: (score, b, h, q_idx, kv_idx) -> new score (score = q . k / sqrt(d_k))
 # --------------------------------------------------------------------------------------------
@@ -229,7 +219,8 @@ def dense_mask(mask_mod: Callable, T_q: int, T_k: int | None = None, B: int | No
 
 
 def score_bias(score_mod: Callable, scores: torch.Tensor) -> torch.Tensor:
-    """Apply ``score_mod`` to a whole score matrix by broadcasting.
+    """Apply ``score_mod`` to every entry of a score matrix the way FlexAttention calls it: through
+    ``torch.vmap``, one score (a 0-d tensor) and its four indices at a time.
 
     Shapes: ``scores`` ``(B, H, T_q, T_k)`` (already scaled by ``1/sqrt(d_k)``); returns the
     modified scores, same shape, to be softmaxed by the caller.
@@ -238,11 +229,29 @@ def score_bias(score_mod: Callable, scores: torch.Tensor) -> torch.Tensor:
     if not isinstance(scores, torch.Tensor) or scores.ndim != 4:
         got = tuple(scores.shape) if isinstance(scores, torch.Tensor) else type(scores).__name__
         raise ValueError(f"scores must be a 4-D tensor (B, H, T_q, T_k); got {got}")
+    fn = score_mod
+    # innermost first: over the keys, then the queries, the heads, the batch
+    for dims in ((0, None, None, None, 0), (0, None, None, 0, None), (0, None, 0, None, None),
+                 (0, 0, None, None, None)):
+        fn = torch.vmap(fn, in_dims=dims)
     B, H, T_q, T_k = scores.shape
-    b = torch.arange(B)[:, None, None, None]
-    h = torch.arange(H)[None, :, None, None]
-    q_idx, kv_idx = torch.arange(T_q)[:, None], torch.arange(T_k)[None, :]
-    return score_mod(scores, b, h, q_idx, kv_idx).expand(B, H, T_q, T_k)
+    return fn(scores, torch.arange(B), torch.arange(H), torch.arange(T_q), torch.arange(T_k))
+
+
+def effective_mask(block_mask) -> torch.Tensor:
+    """What the compiled kernel actually lets through for batch 0, head 0: every pair of a
+    ``FULL`` tile (its mask is never evaluated), the pairs of a ``PARTIAL`` tile that the
+    BlockMask's ``mask_mod`` allows *now*, and nothing of an ``EMPTY`` tile. Equals the dense
+    mask while the BlockMask is up to date; differs when the data its mask_mod reads has changed
+    since ``create_block_mask``.
+
+    Shapes: returns ``(T_q, T_k)`` boolean, True = attended to.
+    """
+    tiles = tile_map(block_mask)
+    T_q, T_k = block_mask.seq_lengths
+    bq, bk = block_mask.BLOCK_SIZE
+    kind = tiles.repeat_interleave(bq, dim=0).repeat_interleave(bk, dim=1)[:T_q, :T_k]
+    return (kind == FULL) | ((kind == PARTIAL) & dense_mask(block_mask.mask_mod, T_q, T_k))
 
 
 def tile_map(block_mask, b: int = 0, h: int = 0) -> torch.Tensor:

@@ -63,7 +63,6 @@ def brute(T_q, T_k, rule):
     ("window 3", flex.sliding_window(3), lambda i, j: i - 3 < j <= i),
     ("prefix 4", flex.prefix_lm(4), lambda i, j: j < 4 or j <= i),
     ("sinks 3+2", flex.sinks(3, 2), lambda i, j: j <= i and (i - j < 3 or j < 2)),
-    ("chunks of 4", flex.chunked_causal(4), lambda i, j: i // 4 == j // 4 and j <= i),
 ])
 def test_dense_mask_by_brute_force_and_torch_create_mask(name, mod, rule):
     T = 11
@@ -242,7 +241,7 @@ def test_tile_map_of_causal_matches_notebook_05s_rule():
             assert tiles[qb, kb] == expected
 
 
-@pytest.mark.parametrize("mod", [flex.sliding_window(5), flex.prefix_lm(6), flex.chunked_causal(8),
+@pytest.mark.parametrize("mod", [flex.sliding_window(5), flex.prefix_lm(6), flex.sinks(5, 3),
                                  flex.document(torch.tensor([0] * 5 + [1] * 9 + [2] * 10))])
 def test_tile_map_agrees_with_the_dense_mask(mod):
     T, bs = 24, 4
@@ -251,6 +250,30 @@ def test_tile_map_agrees_with_the_dense_mask(mod):
     any_, all_ = dense.any(dim=(1, 3)), dense.all(dim=(1, 3))
     expected = torch.where(all_, flex.FULL, torch.where(any_, flex.PARTIAL, flex.EMPTY))
     assert torch.equal(tiles, expected)
+
+
+def test_effective_mask_is_the_mask_while_fresh_and_shows_a_stale_block_mask():
+    doc = torch.tensor([0] * 4 + [1] * 4 + [2] * 4)
+    mod = flex.document(doc)
+    bm = create_block_mask(mod, None, None, 12, 12, device="cpu", BLOCK_SIZE=4)
+    assert torch.equal(flex.effective_mask(bm), flex.dense_mask(mod, 12))
+    doc.copy_(torch.tensor([0] * 6 + [1] * 6))  # new documents, old BlockMask
+    stale = flex.effective_mask(bm)
+    now = flex.dense_mask(mod, 12)
+    assert not torch.equal(stale, now)
+    assert not stale[5, :4].any() and now[5, :4].all()  # tile (1, 0) was empty: skipped
+    assert torch.equal(stale, now & torch.block_diag(*[torch.ones(4, 4, dtype=torch.bool)] * 3))
+
+
+def test_score_bias_calls_the_score_mod_one_score_at_a_time():
+    scores = randn(40, 2, 3, 4, 5)
+
+    def row_max_normalised(score, b, h, q_idx, kv_idx):  # looks row-wise, is not
+        return score / score.abs().max()
+
+    assert torch.equal(flex.score_bias(row_max_normalised, scores), torch.sign(scores))
+    heads = flex.score_bias(lambda s, b, h, q, k: s * 0 + h, scores)
+    assert torch.equal(heads[1, 2], torch.full((4, 5), 2.0, dtype=torch.float64))
 
 
 # ------------------------------------------------------------------ errors

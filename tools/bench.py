@@ -484,7 +484,34 @@ def run_flex(device: torch.device, plan: FlexPlan) -> dict:
             shown = ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in medians.items())
             print(f"T={T:>5} {name}: compile {compile_s:.1f} s, {shown}", flush=True)
         del Q, K, V
-    return {"rows": rows, "recompile": recompile_probe(device, dtype, plan), "dtype": dtype}
+    return {"rows": rows, "recompile": recompile_probe(device, dtype, plan),
+            "stale": stale_probe(compiled, device, dtype, plan), "dtype": dtype}
+
+
+def stale_probe(compiled, device: torch.device, dtype, plan: FlexPlan) -> dict:
+    """A document mask whose captured ``doc_ids`` change after ``create_block_mask``: what the
+    compiled kernel computes, against attention with the new dense mask and with
+    ``shared.flex.effective_mask`` (the stale tiles applied to the new mask)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from shared import flex
+
+    T = 512  # four tiles of 128 per side, so that documents of T/4 fill whole tiles
+    gen = torch.Generator().manual_seed(3)
+    Q, K, V = (torch.randn(B, H, T, HEAD_DIM, generator=gen).to(device, dtype) for _ in range(3))
+    ids = torch.arange(T) // (T // 4)  # four documents of T/4
+    mod = flex.document(ids)
+    block_mask = create_block_mask(mod, None, None, T, T, device="cpu")
+    ids.copy_(torch.arange(T) // (T // 2))  # now two documents of T/2, same BlockMask
+    got = compiled(Q.cpu(), K.cpu(), V.cpu(), block_mask=block_mask).double()
+    q, k, v = (x.cpu().double() for x in (Q, K, V))
+    return {
+        "T": T,
+        "vs_new_mask": float((got - F.scaled_dot_product_attention(
+            q, k, v, attn_mask=flex.dense_mask(mod, T))).abs().max()),
+        "vs_effective": float((got - F.scaled_dot_product_attention(
+            q, k, v, attn_mask=flex.effective_mask(block_mask))).abs().max()),
+    }
 
 
 def recompile_probe(device: torch.device, dtype, plan: FlexPlan) -> dict:
@@ -588,6 +615,19 @@ def flex_markdown(device, result: dict, plan: FlexPlan, info: dict, seconds: flo
         "|---|" + "---:|" * len(widths),
         *(f"| {kind} | " + " | ".join(f"{s:.2f}" for s in rec[kind]) + " |"
           for kind in ("int", "tensor")),
+        "",
+    ]
+    stale = result["stale"]
+    lines += [
+        f"## A stale BlockMask (T = {stale['T']}, on the CPU)",
+        "",
+        "A document mask built for four documents of T/4 tokens; then its captured `doc_ids` "
+        "are changed in place to two",
+        "documents of T/2 and the compiled kernel runs with the old BlockMask. Max abs difference "
+        "of its output from",
+        f"attention with the new dense mask: {stale['vs_new_mask']:.2f}; from attention with "
+        "`shared.flex.effective_mask` (the old tiles,",
+        f"the new mask inside the partial ones): {stale['vs_effective']:.0e}.",
         "",
     ]
     return "\n".join(lines)

@@ -18,6 +18,7 @@ what the device has free is skipped, and one that runs out of memory anyway is r
     python -m tools.bench              # the default sizes for the device
     python -m tools.bench --quick      # tiny sizes, a smoke test of the script itself
     python -m tools.bench --flex       # FlexAttention only -> benchmarks/results-flex-<device>.md
+    python -m tools.bench --flex --threads 1   # the same on one torch thread (a shared machine)
 
 ``--flex`` (notebook 11) is a separate run that leaves ``results-<device>.md`` alone: compiled
 ``flex_attention`` with a ``BlockMask`` against eager FlexAttention, SDPA with the dense boolean
@@ -453,7 +454,6 @@ def run_flex(device: torch.device, plan: FlexPlan) -> dict:
 
     warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
     dtype = torch.float32 if device.type == "cpu" else torch.float16
-    compiled = torch.compile(flex_attention, dynamic=False)
     gen = torch.Generator().manual_seed(0)
     rows = []
     for T in plan.lengths:
@@ -466,6 +466,12 @@ def run_flex(device: torch.device, plan: FlexPlan) -> dict:
             synchronize(device)
             build_s = time.perf_counter() - t0
             dense = flex.dense_mask(on_cpu[name], T).to(device)
+            # A fresh compiled function for every mask and length: torch.compile keeps at most
+            # torch._dynamo.config.recompile_limit (8) versions of one function and then runs it
+            # eagerly, without a word beyond a log line (measured here: the ninth configuration ran
+            # at eager speed).
+            torch._dynamo.reset()
+            compiled = torch.compile(flex_attention, dynamic=False)
             t0 = time.perf_counter()
             compiled(Q, K, V, block_mask=block_mask)  # first call: compiles
             synchronize(device)
@@ -484,8 +490,10 @@ def run_flex(device: torch.device, plan: FlexPlan) -> dict:
             shown = ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in medians.items())
             print(f"T={T:>5} {name}: compile {compile_s:.1f} s, {shown}", flush=True)
         del Q, K, V
-    return {"rows": rows, "recompile": recompile_probe(device, dtype, plan),
-            "stale": stale_probe(compiled, device, dtype, plan), "dtype": dtype}
+    torch._dynamo.reset()
+    stale = stale_probe(torch.compile(flex_attention, dynamic=False), device, dtype, plan)
+    return {"rows": rows, "recompile": recompile_probe(device, dtype, plan), "stale": stale,
+            "dtype": dtype}
 
 
 def stale_probe(compiled, device: torch.device, dtype, plan: FlexPlan) -> dict:
@@ -659,6 +667,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test")
     parser.add_argument("--flex", action="store_true", help="FlexAttention only (notebook 11): "
                         "writes benchmarks/results-flex-<device>.md")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads for every timing (default: torch's own count); on a "
+                        "machine whose cores other jobs share, 1 keeps the comparison fair")
     parser.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE)
     parser.add_argument("--lengths", type=int, nargs="+", default=None,
                         help="sequence lengths to time instead of the device's default plan")
@@ -666,6 +677,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="output file (default benchmarks/results-<device>.md)")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
+    if args.threads is not None:
+        if args.threads < 1:
+            parser.error(f"--threads must be at least 1; got {args.threads}")
+        torch.set_num_threads(args.threads)
     device = pick_device()
     if args.flex:
         return main_flex(device, args.quick, args.out)

@@ -648,13 +648,13 @@ def DOC_ORDER(rows):  # noqa: N802 - the masks in the order they were timed
 def main_flex(device: torch.device, quick: bool, out: Path | None) -> int:
     plan = FLEX_PLANS["quick" if quick else ("cpu" if device.type == "cpu" else "gpu")]
     # A fresh compile cache for this run, so the compile column is a cold compile, not a cache hit.
-    cache = tempfile.mkdtemp(prefix="flex-bench-inductor-")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
     info = machine_info(device)
     print("device:", device.type, "|", info["cpu"], "|", info["gpu"], flush=True)
-    t0 = time.perf_counter()
-    result = run_flex(device, plan)
-    seconds = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory(prefix="flex-bench-inductor-") as cache:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+        t0 = time.perf_counter()
+        result = run_flex(device, plan)
+        seconds = time.perf_counter() - t0
     out = out or ROOT / "benchmarks" / f"results-flex-{device.type}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(flex_markdown(device, result, plan, info, seconds), encoding="utf-8")

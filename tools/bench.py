@@ -17,14 +17,26 @@ what the device has free is skipped, and one that runs out of memory anyway is r
 
     python -m tools.bench              # the default sizes for the device
     python -m tools.bench --quick      # tiny sizes, a smoke test of the script itself
+    python -m tools.bench --flex       # FlexAttention only -> benchmarks/results-flex-<device>.md
+    python -m tools.bench --flex --threads 1   # the same on one torch thread (a shared machine)
+
+``--flex`` (notebook 11) is a separate run that leaves ``results-<device>.md`` alone: compiled
+``flex_attention`` with a ``BlockMask`` against eager FlexAttention, SDPA with the dense boolean
+mask, SDPA ``is_causal`` and the course's ``tiled_attention``, for causal, sliding-window and
+document masks across sequence lengths (float32 on a CPU, float16 on a GPU). The first call of the
+compiled kernel for each mask and length (tracing, code generation, C++/Triton compilation) is
+timed on its own, with a fresh compile cache, and kept out of the per-call times.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
+import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +52,7 @@ from shared.benchmark import (
     dtype_works,
     fits_in_memory,
     gflops,
+    interleaved_medians,
     is_out_of_memory,
     machine_info,
     memory_bandwidth,
@@ -380,9 +393,283 @@ def markdown(device, rows, targets, details, notes, info, block_size: int, secon
     return "\n".join(lines) + "\n"
 
 
+# --------------------------------------------------------------------------------------------
+# --flex: FlexAttention (notebook 11)
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FlexPlan:
+    lengths: tuple[int, ...]
+    window: int  # sliding-window width
+    eager_max: int  # longest length eager FlexAttention (scores materialised) runs at
+    rounds: int
+    min_run_time: float
+
+
+FLEX_PLANS = {
+    "cpu": FlexPlan((512, 1024, 2048, 4096), 256, 2048, 3, 0.3),
+    "gpu": FlexPlan((1024, 4096, 16384), 256, 4096, 5, 0.3),
+    "quick": FlexPlan((128, 256), 32, 256, 1, 0.02),
+}
+# Packed documents: each takes this share of the sequence (uneven on purpose; they sum to 1).
+DOC_SHARES = (0.05, 0.2, 0.1, 0.15, 0.05, 0.25, 0.1, 0.1)
+
+
+def doc_ids(T: int) -> torch.Tensor:
+    """``(T,)`` document id of each token for ``DOC_SHARES`` (the last document takes the rest)."""
+    lengths = [int(share * T) for share in DOC_SHARES[:-1]]
+    lengths.append(T - sum(lengths))
+    return torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+
+
+def flex_masks(T: int, window: int, device: torch.device) -> dict:
+    from shared import flex
+
+    return {
+        "causal": flex.causal,
+        f"sliding window {window}": flex.sliding_window(window),
+        "documents (8, causal)": flex.document(doc_ids(T).to(device)),
+    }
+
+
+def flex_candidates(compiled, Q, K, V, block_mask, dense, causal: bool, eager: bool) -> dict:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    fns = {"flex, compiled": lambda: compiled(Q, K, V, block_mask=block_mask)}
+    if eager:
+        fns["flex, eager"] = lambda: flex_attention(Q, K, V, block_mask=block_mask)
+    fns["SDPA, dense mask"] = lambda: F.scaled_dot_product_attention(Q, K, V, attn_mask=dense)
+    if causal:
+        fns["SDPA, is_causal"] = lambda: F.scaled_dot_product_attention(Q, K, V, is_causal=True)
+        fns["tiled (course), causal"] = lambda: tiled_attention(Q, K, V, causal=True)
+    else:
+        fns["tiled (course), dense mask"] = lambda: tiled_attention(Q, K, V, mask=dense)
+    return fns
+
+
+def run_flex(device: torch.device, plan: FlexPlan) -> dict:
+    """Time every candidate for every mask and length; returns rows and the recompile probe."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    from shared import flex
+
+    warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+    dtype = torch.float32 if device.type == "cpu" else torch.float16
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for T in plan.lengths:
+        Q, K, V = (torch.randn(B, H, T, HEAD_DIM, generator=gen).to(device, dtype)
+                   for _ in range(3))
+        on_cpu = flex_masks(T, plan.window, torch.device("cpu"))  # for the dense masks
+        for name, mod in flex_masks(T, plan.window, device).items():
+            t0 = time.perf_counter()
+            block_mask = create_block_mask(mod, None, None, T, T, device=device)
+            synchronize(device)
+            build_s = time.perf_counter() - t0
+            dense = flex.dense_mask(on_cpu[name], T).to(device)
+            # A fresh compiled function for every mask and length: torch.compile keeps at most
+            # torch._dynamo.config.recompile_limit (8) versions of one function and then runs it
+            # eagerly, without a word beyond a log line (measured here: the ninth configuration ran
+            # at eager speed).
+            torch._dynamo.reset()
+            compiled = torch.compile(flex_attention, dynamic=False)
+            t0 = time.perf_counter()
+            compiled(Q, K, V, block_mask=block_mask)  # first call: compiles
+            synchronize(device)
+            compile_s = time.perf_counter() - t0
+            fns = flex_candidates(compiled, Q, K, V, block_mask, dense, name == "causal",
+                                  T <= plan.eager_max)
+            reference = F.scaled_dot_product_attention(Q.double(), K.double(), V.double(),
+                                                       attn_mask=dense)
+            error = float((compiled(Q, K, V, block_mask=block_mask).double() - reference)
+                          .abs().max())
+            medians = interleaved_medians(fns, device, plan.rounds, plan.min_run_time)
+            rows.append({"T": T, "mask": name, "sparsity": block_mask.sparsity(),
+                         "density": 100 * float(dense.float().mean()), "build_ms": 1e3 * build_s,
+                         "compile_s": compile_s, "error": error,
+                         "ms": {k: 1e3 * v for k, v in medians.items()}})
+            shown = ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in medians.items())
+            print(f"T={T:>5} {name}: compile {compile_s:.1f} s, {shown}", flush=True)
+        del Q, K, V
+    torch._dynamo.reset()
+    stale = stale_probe(torch.compile(flex_attention, dynamic=False), device, dtype, plan)
+    return {"rows": rows, "recompile": recompile_probe(device, dtype, plan), "stale": stale,
+            "dtype": dtype}
+
+
+def stale_probe(compiled, device: torch.device, dtype, plan: FlexPlan) -> dict:
+    """A document mask whose captured ``doc_ids`` change after ``create_block_mask``: what the
+    compiled kernel computes, against attention with the new dense mask and with
+    ``shared.flex.effective_mask`` (the stale tiles applied to the new mask)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from shared import flex
+
+    T = 512  # four tiles of 128 per side, so that documents of T/4 fill whole tiles
+    gen = torch.Generator().manual_seed(3)
+    Q, K, V = (torch.randn(B, H, T, HEAD_DIM, generator=gen).to(device, dtype) for _ in range(3))
+    ids = torch.arange(T) // (T // 4)  # four documents of T/4
+    mod = flex.document(ids)
+    block_mask = create_block_mask(mod, None, None, T, T, device="cpu")
+    ids.copy_(torch.arange(T) // (T // 2))  # now two documents of T/2, same BlockMask
+    got = compiled(Q.cpu(), K.cpu(), V.cpu(), block_mask=block_mask).double()
+    q, k, v = (x.cpu().double() for x in (Q, K, V))
+    return {
+        "T": T,
+        "vs_new_mask": float((got - F.scaled_dot_product_attention(
+            q, k, v, attn_mask=flex.dense_mask(mod, T))).abs().max()),
+        "vs_effective": float((got - F.scaled_dot_product_attention(
+            q, k, v, attn_mask=flex.effective_mask(block_mask))).abs().max()),
+    }
+
+
+def recompile_probe(device: torch.device, dtype, plan: FlexPlan) -> dict:
+    """First-call seconds of the compiled kernel when a sliding window's width changes: held as a
+    Python int in the score_mod's closure (recompiles) vs as a captured tensor (reuses)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    T = plan.lengths[0]
+    gen = torch.Generator().manual_seed(2)
+    Q, K, V = (torch.randn(B, H, T, HEAD_DIM, generator=gen).to(device, dtype) for _ in range(3))
+    out = {}
+    for kind in ("int", "tensor"):
+        torch._dynamo.reset()
+        compiled = torch.compile(flex_attention, dynamic=False)
+        width = torch.tensor(plan.window, device=device)
+        firsts = []
+        for w in (plan.window, plan.window // 2, plan.window // 4):
+            if kind == "int":
+                def score_mod(score, b, h, q_idx, kv_idx, w=w):
+                    return torch.where((q_idx >= kv_idx) & (q_idx - kv_idx < w), score,
+                                       -float("inf"))
+            else:
+                width.fill_(w)
+
+                def score_mod(score, b, h, q_idx, kv_idx, width=width):
+                    return torch.where((q_idx >= kv_idx) & (q_idx - kv_idx < width), score,
+                                       -float("inf"))
+            t0 = time.perf_counter()
+            compiled(Q, K, V, score_mod=score_mod)
+            synchronize(device)
+            firsts.append(time.perf_counter() - t0)
+        out[kind] = firsts
+    return out
+
+
+def flex_markdown(device, result: dict, plan: FlexPlan, info: dict, seconds: float) -> str:
+    rows = result["rows"]
+    dtype = str(result["dtype"]).replace("torch.", "")
+    impls = []
+    for r in rows:
+        impls += [k for k in r["ms"] if k not in impls]
+    lines = [
+        f"# FlexAttention benchmark: {device.type}",
+        "",
+        f"Written by `python -m tools.bench --flex` (notebook 11). {dtype}, B = {B}, H = {H}, "
+        f"head_dim = {HEAD_DIM}.",
+        "flex, compiled = `torch.compile(flex_attention, dynamic=False)` with the `BlockMask` of "
+        "`create_block_mask`",
+        "(default 128 × 128 tiles); flex, eager = the same call without compiling (it "
+        "materialises every score);",
+        "SDPA, dense mask = `F.scaled_dot_product_attention(attn_mask=<boolean (T, T) mask>)`; "
+        "tiled (course) =",
+        f"`shared.flash.tiled_attention` (blocks of {DEFAULT_BLOCK_SIZE}; with `causal=True` it "
+        "skips the tiles above the diagonal,",
+        "with a dense mask it computes every tile). Per-call times are medians over "
+        f"{plan.rounds} interleaved rounds of",
+        "`torch.utils.benchmark.Timer.blocked_autorange`, with "
+        f"`num_threads = torch.get_num_threads()` = {torch.get_num_threads()}.",
+        "Compile = the first call of the compiled kernel for that mask and length (tracing, "
+        "code generation and",
+        "compilation, with a fresh compile cache), kept out of the per-call times; block mask = "
+        "one `create_block_mask` call.",
+        "Sparsity = the share of 128 × 128 tiles skipped (`BlockMask.sparsity()`); density = the "
+        "share of (query, key)",
+        "pairs the mask allows. Error = max |compiled flex − float64 SDPA with the dense mask|. "
+        "On a shared machine",
+        "expect ±10 % or more between runs.",
+        "",
+        "## Machine",
+        "",
+        "| | |",
+        "|---|---|",
+        *(f"| {k} | {v} |" for k, v in info.items()),
+        f"| bench runtime | {seconds:.0f} s |",
+        "",
+        "## Per-call time (ms)",
+        "",
+        "| mask | T | tiles skipped | pairs allowed | " + " | ".join(impls)
+        + " | compile (s) | block mask (ms) | error |",
+        "|---|---:|---:|---:|" + "---:|" * len(impls) + "---:|---:|---:|",
+    ]
+    for r in sorted(rows, key=lambda r: (list(DOC_ORDER(rows)).index(r["mask"]), r["T"])):
+        cells = " | ".join(f"{r['ms'][k]:.1f}" if k in r["ms"] else "–" for k in impls)
+        lines.append(f"| {r['mask']} | {r['T']} | {r['sparsity']:.0f} % | {r['density']:.0f} % "
+                     f"| {cells} | {r['compile_s']:.1f} | {r['build_ms']:.1f} | "
+                     f"{r['error']:.0e} |")
+    rec = result["recompile"]
+    T = plan.lengths[0]
+    widths = (plan.window, plan.window // 2, plan.window // 4)
+    lines += [
+        "",
+        f"## Recompiles (T = {T})",
+        "",
+        "First-call seconds of `torch.compile(flex_attention)` for three sliding windows in a row "
+        f"({', '.join(map(str, widths))}),",
+        "written as a score_mod whose width is a Python int in its closure, or a tensor the "
+        "score_mod captures and that",
+        "is changed in place:",
+        "",
+        "| width held as | " + " | ".join(f"window {w}" for w in widths) + " |",
+        "|---|" + "---:|" * len(widths),
+        *(f"| {kind} | " + " | ".join(f"{s:.2f}" for s in rec[kind]) + " |"
+          for kind in ("int", "tensor")),
+        "",
+    ]
+    stale = result["stale"]
+    lines += [
+        f"## A stale BlockMask (T = {stale['T']}, on the CPU)",
+        "",
+        "A document mask built for four documents of T/4 tokens; then its captured `doc_ids` "
+        "are changed in place to two",
+        "documents of T/2 and the compiled kernel runs with the old BlockMask. Max abs difference "
+        "of its output from",
+        f"attention with the new dense mask: {stale['vs_new_mask']:.2f}; from attention with "
+        "`shared.flex.effective_mask` (the old tiles,",
+        f"the new mask inside the partial ones): {stale['vs_effective']:.0e}.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def DOC_ORDER(rows):  # noqa: N802 - the masks in the order they were timed
+    return dict.fromkeys(r["mask"] for r in rows)
+
+
+def main_flex(device: torch.device, quick: bool, out: Path | None) -> int:
+    plan = FLEX_PLANS["quick" if quick else ("cpu" if device.type == "cpu" else "gpu")]
+    # A fresh compile cache for this run, so the compile column is a cold compile, not a cache hit.
+    info = machine_info(device)
+    print("device:", device.type, "|", info["cpu"], "|", info["gpu"], flush=True)
+    with tempfile.TemporaryDirectory(prefix="flex-bench-inductor-") as cache:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+        t0 = time.perf_counter()
+        result = run_flex(device, plan)
+        seconds = time.perf_counter() - t0
+    out = out or ROOT / "benchmarks" / f"results-flex-{device.type}.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(flex_markdown(device, result, plan, info, seconds), encoding="utf-8")
+    print(f"wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out} in {seconds:.0f} s")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test")
+    parser.add_argument("--flex", action="store_true", help="FlexAttention only (notebook 11): "
+                        "writes benchmarks/results-flex-<device>.md")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads for every timing (default: torch's own count); on a "
+                        "machine whose cores other jobs share, 1 keeps the comparison fair")
     parser.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE)
     parser.add_argument("--lengths", type=int, nargs="+", default=None,
                         help="sequence lengths to time instead of the device's default plan")
@@ -390,7 +677,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="output file (default benchmarks/results-<device>.md)")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
+    if args.threads is not None:
+        if args.threads < 1:
+            parser.error(f"--threads must be at least 1; got {args.threads}")
+        torch.set_num_threads(args.threads)
     device = pick_device()
+    if args.flex:
+        return main_flex(device, args.quick, args.out)
     plan = PLANS["quick" if args.quick else ("cpu" if device.type == "cpu" else "gpu")]
     if args.lengths:
         lengths = tuple(sorted(args.lengths))

@@ -429,11 +429,21 @@ def is_out_of_memory(err: BaseException) -> bool:
     )
 
 
-def dtype_works(device="cpu", dtype=torch.bfloat16) -> bool:
-    """Whether ``F.scaled_dot_product_attention`` runs in ``dtype`` on ``device`` (bfloat16 needs
-    macOS 14 or later on Apple's MPS, for example)."""
+def dtype_works(device="cpu", dtype=torch.bfloat16, shape=(1, 8, 256, 64)) -> bool:
+    """Whether ``F.scaled_dot_product_attention`` runs in ``dtype`` on ``device`` for inputs of
+    ``shape`` ``(..., T, head_dim)`` (Q, K and V all of that shape).
+
+    Probe with the shape you will really use: whether a dtype works can depend on it. bfloat16
+    needs macOS 14 or later on Apple's MPS; on a CPU with AMX, when torch's kernels are limited to
+    AVX2 (``ATEN_CPU_CAPABILITY=avx2``), the CPU flash kernel packs bfloat16 matrices for AMX
+    only when there are at least 4 heads and head_dim is a multiple of 64, and then raises, while
+    a tiny probe passes. A dtype that fails here is reported unusable instead of crashing later."""
+    shape = tuple(shape)
+    if len(shape) < 2 or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1
+                                 for n in shape):
+        raise ValueError(f"shape must be (..., T, head_dim) of positive integers; got {shape!r}")
     try:
-        q = torch.zeros(1, 1, 4, 8).to(torch.device(device), dtype)
+        q = torch.zeros(shape).to(torch.device(device), dtype)
         F.scaled_dot_product_attention(q, q, q)
         return True
     except (RuntimeError, TypeError):

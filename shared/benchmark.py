@@ -19,6 +19,7 @@ import statistics
 import sys
 import timeit
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterator
 
 import torch
@@ -39,6 +40,7 @@ __all__ = [
     "cpu_peak_memory",
     "aten_ops",
     "operation_count",
+    "operation_counts",
     "sdpa_backends",
     "machine_info",
     "SimulatedGPU",
@@ -266,6 +268,28 @@ def operation_count(fn: Callable[[], object]) -> int:
     with _Count():
         fn()
     return _Count.n
+
+
+def operation_counts(fn: Callable[[], object]) -> Counter:
+    """``Counter({operator name: calls})`` of the PyTorch operations that compute something when
+    ``fn()`` runs, counted like :func:`operation_count` (views and bare allocations left out), so
+    ``operation_counts(fn).total() == operation_count(fn)``. Names are ATen's, without the
+    ``aten::`` prefix and overload (``"bmm"``, ``"exp_"``, ``"scalar_tensor"``, ...)."""
+    _check_callable(fn)
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    counts: Counter = Counter()
+
+    class _Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            if not func.is_view and name not in ("empty", "empty_strided", "empty_like"):
+                counts[name] += 1
+            return func(*args, **(kwargs or {}))
+
+    with _Count():
+        fn()
+    return counts
 
 
 def peak_memory(fn: Callable[[], object], device="cpu") -> int | None:

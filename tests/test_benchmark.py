@@ -326,3 +326,21 @@ def test_operation_count_counts_computing_operators():
     one_tile = operation_count(lambda: tiled_attention(q, q, q, block_size=8))
     four_tiles = operation_count(lambda: tiled_attention(q, q, q, block_size=4))
     assert 10 <= (four_tiles - one_tile) / 3 <= 25  # about fifteen operations per extra tile
+
+
+def test_operation_counts_names_each_operation():
+    """By hand: a @ b is one mm, (x * 2).exp() one mul and one exp, a transpose (a view) and
+    torch.empty (an allocation) nothing; the total equals operation_count's."""
+    from shared.benchmark import operation_count, operation_counts
+
+    a = torch.randn(3, 3)
+
+    def fn():
+        torch.empty(4)
+        (a @ a.t() * 2).exp()
+
+    counts = operation_counts(fn)
+    assert counts == {"mm": 1, "mul": 1, "exp": 1}
+    assert counts.total() == operation_count(fn) == 3
+    with pytest.raises(TypeError):
+        operation_counts(42)

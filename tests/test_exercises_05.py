@@ -246,6 +246,10 @@ def saved_linear_in_T(B, H, T, n_layers, dtype, gpu_gib):
     return B * H * T * n_layers * dtype.itemsize / (gpu_gib * 1024**3)
 
 
+def saved_crashes(B, H, T, n_layers, dtype, gpu_gib):
+    return B * H * T * T * n_layers * dtype.nbytes / gpu_gib  # no such attribute
+
+
 def saved_as_text(B, H, T, n_layers, dtype, gpu_gib):
     return f"{100 * saved_ok(B, H, T, n_layers, dtype, gpu_gib):.1f} %"
 
@@ -340,6 +344,7 @@ CASES = [
     (C.check_saved_probs_fraction, saved_no_heads, False, "multiply by H"),
     (C.check_saved_probs_fraction, saved_linear_in_T, False, "not T * T"),
     (C.check_saved_probs_fraction, saved_as_text, False, "not a string"),
+    (C.check_saved_probs_fraction, saved_crashes, False, "called with B=2, H=12, T=1024"),
     # 5.4
     (C.check_flash_block_sizes, blocks_ok, True, "B and H never enter"),
     (C.check_flash_block_sizes, stub, None, NA),

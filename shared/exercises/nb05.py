@@ -188,7 +188,9 @@ def check_merge_partials(merge_partials):
         n, d_v = S.shape[0], V.shape[1]
         args = [_t(x.copy()) for x in (*st1, *st2)]
         before = [a.clone() for a in args]
-        out = _call(merge_partials, *args, name="merge_partials", copy=False)
+        out = _call(merge_partials, *args, name="merge_partials", copy=False,
+                    on_error=f"called with m1, l1, m2, l2 of shape {(n, 1)} and acc1, acc2 of "
+                             f"shape {(n, d_v)}, float64")
         names = ("m1", "l1", "acc1", "m2", "l2", "acc2")
         for nm, a, b in zip(names, args, before, strict=True):
             if not torch.equal(a, b):  # -inf equals -inf; the inputs hold no nan
@@ -277,7 +279,9 @@ def check_saved_probs_fraction(saved_probs_fraction):
     one ``(B, H, T, T)`` tensor of ``dtype`` per layer, ``n_layers`` layers."""
     got, refs, parts = [], [], []
     for B, H, T, L, dtype, gib in _SAVED_CASES:
-        ans = _call(saved_probs_fraction, B, H, T, L, dtype, gib, name="saved_probs_fraction")
+        ans = _call(saved_probs_fraction, B, H, T, L, dtype, gib, name="saved_probs_fraction",
+                    on_error=f"called with B={B}, H={H}, T={T}, n_layers={L}, dtype={dtype}, "
+                             f"gpu_gib={gib}")
         got.append(_number(ans, "the fraction"))
         e = _dtype_bytes(dtype)
         refs.append(B * H * T * T * L * e / (gib * 2**30))
@@ -347,7 +351,8 @@ def check_flash_block_sizes(flash_block_sizes):
     elements of ``dtype``, ``B_c = ceil(M / (4 d))`` and ``B_r = min(B_c, d)``."""
     got, refs, parts = [], [], []
     for kib, d, dtype in _BLOCK_CASES:
-        ans = _call(flash_block_sizes, kib, d, dtype, name="flash_block_sizes")
+        ans = _call(flash_block_sizes, kib, d, dtype, name="flash_block_sizes",
+                    on_error=f"called with sram_kib={kib}, head_dim={d}, dtype={dtype}")
         if not isinstance(ans, (tuple, list)) or len(ans) != 2:
             raise _Wrong(f"return the two block sizes as a tuple (B_r, B_c); got {ans!r:.60}")
         pair = tuple(_number(x, "each block size") for x in ans)

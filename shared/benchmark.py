@@ -19,6 +19,7 @@ import statistics
 import sys
 import timeit
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterator
 
 import torch
@@ -39,6 +40,7 @@ __all__ = [
     "cpu_peak_memory",
     "aten_ops",
     "operation_count",
+    "operation_counts",
     "sdpa_backends",
     "machine_info",
     "SimulatedGPU",
@@ -286,6 +288,28 @@ def operation_count(fn: Callable[[], object]) -> int:
     return _Count.n
 
 
+def operation_counts(fn: Callable[[], object]) -> Counter:
+    """``Counter({operator name: calls})`` of the PyTorch operations that compute something when
+    ``fn()`` runs, counted like :func:`operation_count` (views and bare allocations left out), so
+    ``operation_counts(fn).total() == operation_count(fn)``. Names are ATen's, without the
+    ``aten::`` prefix and overload (``"bmm"``, ``"exp_"``, ``"scalar_tensor"``, ...)."""
+    _check_callable(fn)
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    counts: Counter = Counter()
+
+    class _Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            if not func.is_view and name not in ("empty", "empty_strided", "empty_like"):
+                counts[name] += 1
+            return func(*args, **(kwargs or {}))
+
+    with _Count():
+        fn()
+    return counts
+
+
 def peak_memory(fn: Callable[[], object], device="cpu") -> int | None:
     """Peak bytes allocated by ``fn()`` on ``device`` beyond what was allocated before it.
 
@@ -447,11 +471,21 @@ def is_out_of_memory(err: BaseException) -> bool:
     )
 
 
-def dtype_works(device="cpu", dtype=torch.bfloat16) -> bool:
-    """Whether ``F.scaled_dot_product_attention`` runs in ``dtype`` on ``device`` (bfloat16 needs
-    macOS 14 or later on Apple's MPS, for example)."""
+def dtype_works(device="cpu", dtype=torch.bfloat16, shape=(1, 8, 256, 64)) -> bool:
+    """Whether ``F.scaled_dot_product_attention`` runs in ``dtype`` on ``device`` for inputs of
+    ``shape`` ``(..., T, head_dim)`` (Q, K and V all of that shape).
+
+    Probe with the shape you will really use: whether a dtype works can depend on it. bfloat16
+    needs macOS 14 or later on Apple's MPS; on a CPU with AMX, when torch's kernels are limited to
+    AVX2 (``ATEN_CPU_CAPABILITY=avx2``), the CPU flash kernel packs bfloat16 matrices for AMX
+    only when there are at least 4 heads and head_dim is a multiple of 64, and then raises, while
+    a tiny probe passes. A dtype that fails here is reported unusable instead of crashing later."""
+    shape = tuple(shape)
+    if len(shape) < 2 or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1
+                                 for n in shape):
+        raise ValueError(f"shape must be (..., T, head_dim) of positive integers; got {shape!r}")
     try:
-        q = torch.zeros(1, 1, 4, 8).to(torch.device(device), dtype)
+        q = torch.zeros(shape).to(torch.device(device), dtype)
         F.scaled_dot_product_attention(q, q, q)
         return True
     except (RuntimeError, TypeError):

@@ -245,6 +245,34 @@ def test_dtype_works_on_the_cpu():
     assert dtype_works("cpu", torch.float32) and dtype_works("cpu", torch.bfloat16)
 
 
+def test_dtype_works_probes_the_shape_it_is_given(monkeypatch):
+    """A kernel that fails only at larger sizes (as bfloat16 SDPA does on an AMX CPU limited to
+    AVX2 kernels) is caught when the probe uses the real size, missed by a tiny probe."""
+    import shared.benchmark as bm
+
+    real = bm.F.scaled_dot_product_attention
+    seen = []
+
+    def fails_from_64_tokens(q, k, v, **kwargs):
+        seen.append(tuple(q.shape))
+        if q.dtype == torch.bfloat16 and q.shape[-2] >= 64:
+            raise RuntimeError("pack_vnni2 is only supported when avx512 is supported")
+        return real(q, k, v, **kwargs)
+
+    monkeypatch.setattr(bm.F, "scaled_dot_product_attention", fails_from_64_tokens)
+    assert dtype_works("cpu", torch.bfloat16, shape=(1, 2, 16, 64))
+    assert not dtype_works("cpu", torch.bfloat16, shape=(1, 8, 256, 64))
+    assert not dtype_works("cpu", torch.bfloat16)  # the default probes a size the course uses
+    assert dtype_works("cpu", torch.float32, shape=(1, 8, 256, 64))
+    assert seen[:2] == [(1, 2, 16, 64), (1, 8, 256, 64)]
+
+
+@pytest.mark.parametrize("shape", [(8,), (1, 0, 4), (1, 2.0, 4), (True, 4)])
+def test_dtype_works_rejects_a_bad_shape(shape):
+    with pytest.raises(ValueError, match="shape must be"):
+        dtype_works("cpu", torch.float32, shape=shape)
+
+
 def test_simulated_gpu_is_asynchronous():
     gpu = SimulatedGPU(kernel_s=2e-3, first_s=50e-3, launch_s=5e-6)
     t0 = gpu.clock()
@@ -316,3 +344,21 @@ def test_course_device_names_what_is_wrong(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(RuntimeError, match="COURSE_DEVICE=cuda but torch sees no cuda device"):
         pick_device()
+
+
+def test_operation_counts_names_each_operation():
+    """By hand: a @ b is one mm, (x * 2).exp() one mul and one exp, a transpose (a view) and
+    torch.empty (an allocation) nothing; the total equals operation_count's."""
+    from shared.benchmark import operation_count, operation_counts
+
+    a = torch.randn(3, 3)
+
+    def fn():
+        torch.empty(4)
+        (a @ a.t() * 2).exp()
+
+    counts = operation_counts(fn)
+    assert counts == {"mm": 1, "mul": 1, "exp": 1}
+    assert counts.total() == operation_count(fn) == 3
+    with pytest.raises(TypeError):
+        operation_counts(42)

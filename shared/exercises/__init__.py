@@ -24,8 +24,8 @@ The exercises, by notebook (the checker names say what they check):
   ``check_recover_permutation``, ``check_attention_bug_fix``.
 * 03: ``check_sliding_window_attention``, ``check_expected_empty_rows``, ``check_causal_bug_fix``.
 * 04: ``check_fixed_multi_head``, ``check_duplicate_token_head``, ``check_attention_parameters``.
-* 05: ``check_time_call``, ``check_online_softmax_step``, ``check_score_memory``,
-  ``check_block_size``.
+* 05: ``check_time_call``, ``check_merge_partials``, ``check_saved_probs_fraction``,
+  ``check_flash_block_sizes``.
 * 06: ``check_one_layer_experiment``, ``check_position_mean_ablation``,
   ``check_find_induction_head``, ``check_fixed_period_shortcut``.
 * 07: ``check_ntk_base``, ``check_shift_change``, ``check_to_half_split``,
@@ -35,6 +35,7 @@ The exercises, by notebook (the checker names say what they check):
 * 09: ``check_weight_name``, ``check_punctuation_score``, ``check_padding_mask``.
 * 10: ``check_temperature_grad``, ``check_bias_grads``, ``check_fixed_backward``,
   ``check_attention_saved_bytes``.
+* 11: ``check_chunked_causal``, ``check_window_bug``, ``check_tile_counts``.
 
 Notebooks 01-03 pass NumPy arrays to the learner's functions (03's module exercise passes a
 tensor); the others pass PyTorch tensors. Answers may be either (they are converted for comparison).
@@ -65,6 +66,8 @@ from .nb09 import *  # noqa: F403
 from .nb09 import __all__ as _nb09
 from .nb10 import *  # noqa: F403
 from .nb10 import __all__ as _nb10
+from .nb11 import *  # noqa: F403
+from .nb11 import __all__ as _nb11
 
 __all__ = ["CheckResult", "CORRECT", "NOT_ATTEMPTED", "NOT_QUITE",
-           *_nb01, *_nb02, *_nb03, *_nb04, *_nb05, *_nb06, *_nb07, *_nb08, *_nb09, *_nb10]
+           *_nb01, *_nb02, *_nb03, *_nb04, *_nb05, *_nb06, *_nb07, *_nb08, *_nb09, *_nb10, *_nb11]

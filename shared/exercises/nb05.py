@@ -1,9 +1,12 @@
 """Exercise checkers for notebook 05 Attention on the GPU (PyTorch).
 
-References are computed before the learner's code runs, from inputs the learner only gets copies
-of; answers computed in float32 are accepted (float32 tolerances); numbers must be numbers (text
-that reads as one is rejected). The timing checker judges the procedure, not only the number: it
-hands the learner a simulated GPU (``shared.benchmark.SimulatedGPU``) and reads its event log.
+5.1 fix a timing loop (judged from a simulated GPU's event log, ``shared.benchmark.SimulatedGPU``);
+5.2 merge two partial online-softmax states (split-K, as Flash-Decoding does); 5.3 the fraction of
+a GPU's memory that naive attention's saved probabilities take (units: bytes per element of the
+dtype, GiB, fraction); 5.4 FlashAttention's block sizes from an SRAM budget.
+
+References are computed before the learner's code runs; answers computed in float32 are accepted
+(float32 tolerances); numbers must be numbers (text that reads as one is rejected).
 """
 
 from __future__ import annotations
@@ -20,19 +23,17 @@ from ._core import (
     _arr,
     _call,
     _checker,
-    _maxdiff,
     _rng,
     _shape,
-    _softmax,
     _t,
     _Wrong,
 )
 
 __all__ = [
     "check_time_call",
-    "check_online_softmax_step",
-    "check_score_memory",
-    "check_block_size",
+    "check_merge_partials",
+    "check_saved_probs_fraction",
+    "check_flash_block_sizes",
 ]
 
 ATOL, RTOL = 1e-5, 1e-4  # float32's tolerances: a float32 answer to a float64 question passes
@@ -135,188 +136,253 @@ def check_time_call(time_call):
             "takes 50 ms, then 2 ms per kernel); warm-up, sync, several calls, sync: all there.")
 
 
-def _online_ref(m, l, acc, s, v):
-    m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
-    alpha = np.exp(m - m_new)
-    p = np.exp(s - m_new)
-    return m_new, alpha * l + p.sum(axis=-1, keepdims=True), alpha * acc + p @ v
+# --------------------------------------------------------------------------------------------
+# 5.2 Merge two partial online-softmax states (keys split in two parts)
+# --------------------------------------------------------------------------------------------
+def _partial(s: np.ndarray, v: np.ndarray):
+    """(m, l, acc) of one part of the keys: running max, sum of exp(s - m), sum of exp(s - m) v.
+    A row with no keys (all scores -inf) gives m = -inf, l = 0, acc = 0."""
+    m = s.max(axis=-1, keepdims=True)
+    safe = np.where(np.isfinite(m), m, 0.0)
+    p = np.exp(s - safe)
+    return m, p.sum(axis=-1, keepdims=True), p @ v
+
+
+def _merge_ref(m1, l1, acc1, m2, l2, acc2):
+    m = np.maximum(m1, m2)
+    safe = np.where(np.isfinite(m), m, 0.0)
+    a1, a2 = np.exp(m1 - safe), np.exp(m2 - safe)
+    return m, a1 * l1 + a2 * l2, a1 * acc1 + a2 * acc2
+
+
+def _merge_cases():
+    """Hidden cases: (state 1, state 2, S, V) with the keys of S split between the two states.
+    Case 0: part 2 holds much larger scores (rescaling matters, by different factors per row).
+    Case 1: row 1 has no keys in part 1 and row 2 none in part 2 (m = -inf on one side).
+    Case 2: row 0 may attend to no key at all (both sides empty: zero output, never nan)."""
+    rng = _rng(502)
+    cases = []
+    for case in range(3):
+        n, d_v, b1, b2 = 4, 3, 5, 3 + case
+        S = rng.normal(size=(n, b1 + b2)) * 2
+        S[:, b1:] += np.array([[4.0], [0.5], [-3.0], [2.0]])  # per-row shifts: different maxima
+        V = rng.normal(size=(b1 + b2, d_v))
+        if case >= 1:
+            S[1, :b1] = -np.inf
+            S[2, b1:] = -np.inf
+        if case == 2:
+            S[0, :] = -np.inf
+        cases.append((_partial(S[:, :b1], V[:b1]), _partial(S[:, b1:], V[b1:]), S, V))
+    return cases
 
 
 @_checker
-def check_online_softmax_step(online_softmax_step):
-    """``online_softmax_step(m, l, acc, s, v)`` -> ``(m_new, l_new, acc_new)`` after one block of
-    scores ``s`` ``(n, b)`` and values ``v`` ``(b, d_v)``: running max ``m`` ``(n, 1)``, running
-    sum ``l`` ``(n, 1)``, unnormalised ``acc`` ``(n, d_v)``; the output is ``acc / l`` at the end.
-    Torch float64 tensors; start from ``m = -inf``, ``l = 0``, ``acc = 0``."""
-    rng = _rng(501)
-    n, d_v, b = 3, 2, 4
-    V_all = rng.normal(size=(3 * b, d_v))
-    S_all = rng.normal(size=(n, 3 * b)) * 2
-    S_all[:, b:2 * b] += 3.0  # the second block raises the maximum: rescaling matters
-
-    def step(m, l, acc, s, v):
-        out = _call(online_softmax_step, _t(m.copy()), _t(l.copy()), _t(acc.copy()), _t(s.copy()),
-                    _t(v.copy()), name="online_softmax_step")
+def check_merge_partials(merge_partials):
+    """``merge_partials(m1, l1, acc1, m2, l2, acc2)`` -> ``(m, l, acc)``: the online-softmax state
+    of all the keys, from the states of two disjoint parts of them. ``m``, ``l`` ``(n, 1)``,
+    ``acc`` ``(n, d_v)``; ``acc / l`` (where ``l > 0``) is then ``softmax(S) @ V`` over every key.
+    A row with no keys in a part has ``m = -inf``, ``l = 0``, ``acc = 0`` there; a row with no
+    keys at all must come out as ``l = 0``, ``acc = 0`` (no nan). Torch float64 tensors; the
+    inputs must be left unchanged."""
+    for i, (st1, st2, S, V) in enumerate(_merge_cases()):
+        n, d_v = S.shape[0], V.shape[1]
+        args = [_t(x.copy()) for x in (*st1, *st2)]
+        before = [a.clone() for a in args]
+        out = _call(merge_partials, *args, name="merge_partials", copy=False,
+                    on_error=f"called with m1, l1, m2, l2 of shape {(n, 1)} and acc1, acc2 of "
+                             f"shape {(n, d_v)}, float64")
+        names = ("m1", "l1", "acc1", "m2", "l2", "acc2")
+        for nm, a, b in zip(names, args, before, strict=True):
+            if not torch.equal(a, b):  # -inf equals -inf; the inputs hold no nan
+                raise _Wrong(f"merge_partials changed its input {nm} in place (e.g. with mul_ or "
+                             "*=): build new tensors (alpha * acc1 + ...) and leave the inputs "
+                             "as they were, the caller may still need them")
         if not isinstance(out, (tuple, list)) or len(out) != 3:
-            raise _Wrong("return the three updated quantities as a tuple (m_new, l_new, acc_new)")
-        m_new, l_new, acc_new = (_arr(x, nm) for x, nm in zip(out, ("m_new", "l_new", "acc_new"),
-                                                          strict=True))
-        for x, nm in ((m_new, "m_new"), (l_new, "l_new")):
+            raise _Wrong("return the merged state as a tuple (m, l, acc)")
+        m, l, acc = (_arr(x, nm) for x, nm in zip(out, ("m", "l", "acc"), strict=True))
+        for x, nm in ((m, "m"), (l, "l")):
             if x.size != n:
                 raise _Wrong(f"{nm} has shape {x.shape}; expected (n, 1) = {(n, 1)}")
-        _shape(acc_new, (n, d_v), "acc_new", "(n, d_v)")
-        return m_new.reshape(n, 1), l_new.reshape(n, 1), acc_new
-
-    # one step from a state whose maximum is overtaken by the new block
-    m0 = S_all[:, :b].max(axis=-1, keepdims=True)
-    p0 = np.exp(S_all[:, :b] - m0)
-    state = (m0, p0.sum(axis=-1, keepdims=True), p0 @ V_all[:b])
-    s, v = S_all[:, b:2 * b], V_all[b:2 * b]
-    got = step(*state, s, v)
-    ref = _online_ref(*state, s, v)
-    if not all(_close(g, r) for g, r in zip(got, ref, strict=True)):
-        m, l, acc = state
-        m_new = ref[0]
-        p_new, p_old = np.exp(s - m_new), np.exp(s - m)
-        alpha = np.exp(m - m_new)
-        if np.isnan(np.concatenate([x.ravel() for x in got])).any():
-            raise _Wrong("nan in your update: use exp(m_old - m_new) for the rescale factor (it is "
-                         "0 on the first step, when m_old = -inf)")
-        if not _close(got[0], m_new):
-            if _close(got[0], np.full((n, 1), max(m.max(), s.max()))):
-                raise _Wrong("m_new is per query row: the larger of each row's old maximum and "
-                             "that row's largest new score (s.amax(dim=-1, keepdim=True)), not "
-                             "the maximum over the whole block")
-            if _close(got[0], s.max(axis=-1, keepdims=True)):
-                raise _Wrong("m_new must be the larger of the old maximum m and this block's "
-                             "maximum: torch.maximum(m, s.amax(dim=-1, keepdim=True))")
-            raise _Wrong("m_new should be torch.maximum(m, s.amax(dim=-1, keepdim=True))")
-        cands = [
-            ("forgot to rescale: when the maximum grows, multiply the old l and acc by "
-             "exp(m_old - m_new) before adding the new block",
-             (l + p_new.sum(-1, keepdims=True), acc + p_new @ v)),
-            ("the rescale factor is exp(m_old - m_new) (at most 1), not exp(m_new - m_old)",
-             (l / alpha + p_new.sum(-1, keepdims=True), acc / alpha + p_new @ v)),
-            ("exponentiate the new scores relative to the NEW maximum: exp(s - m_new)",
-             (alpha * l + p_old.sum(-1, keepdims=True), alpha * acc + p_old @ v)),
-            ("keep acc unnormalised (a running sum of p @ v); divide by l only once, after the "
-             "last block", (ref[1], ref[2] / ref[1])),
-        ]
+        _shape(acc, (n, d_v), "acc", "(n, d_v)")
+        m, l = m.reshape(n, 1), l.reshape(n, 1)
+        ref = _merge_ref(*st1, *st2)
+        if all(_close(g, r) for g, r in zip((m, l, acc), ref, strict=True)):
+            continue
+        if np.isnan(np.concatenate([m.ravel(), l.ravel(), acc.ravel()])).any():
+            where = "row 0, which has no keys in either part" if i == 2 else "a row"
+            raise _Wrong(f"nan in {where}: there m1 = m2 = m = -inf and exp(m1 - m) = "
+                         "exp(-inf + inf) = nan. Subtract a finite reference for such rows "
+                         "(e.g. torch.where(torch.isfinite(m), m, 0)) so their l and acc stay 0")
+        m1, l1, acc1 = st1
+        m2, l2, acc2 = st2
+        if not _close(m, ref[0]):
+            if _close(m, np.full_like(m, np.max(ref[0]))):
+                raise _Wrong("m is per query row: torch.maximum(m1, m2), not one maximum for the "
+                             "whole block")
+            raise _Wrong("the merged maximum is the larger of the two, row by row: "
+                         "torch.maximum(m1, m2)")
+        mm = ref[0]
+        safe = np.where(np.isfinite(mm), mm, 0.0)
+        a1, a2 = np.exp(m1 - safe), np.exp(m2 - safe)
+        with np.errstate(all="ignore"):
+            out1 = np.divide(acc1, l1, out=np.zeros_like(acc1), where=l1 > 0)
+            out2 = np.divide(acc2, l2, out=np.zeros_like(acc2), where=l2 > 0)
+            cands = [
+                ("forgot to rescale: each part summed exp(s - m1) or exp(s - m2); bring both to "
+                 "the common maximum m by multiplying part i's l and acc by exp(m_i - m)",
+                 (l1 + l2, acc1 + acc2)),
+                ("rescale BOTH parts to the common maximum: part 1 by exp(m1 - m) and part 2 by "
+                 "exp(m2 - m) (one of them is 1 in each row, but not the same one in every row)",
+                 (l1 + a2 * l2, acc1 + a2 * acc2)),
+                ("rescale BOTH parts to the common maximum: part 1 by exp(m1 - m) and part 2 by "
+                 "exp(m2 - m) (one of them is 1 in each row, but not the same one in every row)",
+                 (a1 * l1 + l2, a1 * acc1 + acc2)),
+                ("the rescale factor is exp(m_i - m) (at most 1), not exp(m - m_i)",
+                 (l1 / a1 + l2 / a2, acc1 / a1 + acc2 / a2)),
+                ("keep acc unnormalised (the weighted sum of values): the division by l happens "
+                 "once, by the caller, after the last merge",
+                 (ref[1], np.divide(ref[2], ref[1], out=np.zeros_like(ref[2]),
+                                    where=ref[1] > 0))),
+                ("you averaged the two parts' outputs: a part's output counts in proportion to "
+                 "its share of the softmax mass, exp(m_i - m) * l_i; merge l and acc, not the "
+                 "normalised outputs", (ref[1], (out1 + out2) / 2)),
+            ]
         for hint, (l_c, acc_c) in cands:
-            if _close(got[1], l_c) and _close(got[2], acc_c):
+            if _close(l, l_c) and _close(acc, acc_c):
                 raise _Wrong(hint)
-        if not _close(got[1], ref[1]):
-            raise _Wrong("l_new should be exp(m - m_new) * l + "
-                         "exp(s - m_new).sum(-1, keepdim=True)")
-        raise _Wrong("acc_new should be exp(m - m_new) * acc + exp(s - m_new) @ v")
-    # the whole online pass, from the initial state, must give softmax(S) @ V
-    m, l, acc = np.full((n, 1), -np.inf), np.zeros((n, 1)), np.zeros((n, d_v))
-    for j in range(0, 3 * b, b):
-        m, l, acc = step(m, l, acc, S_all[:, j:j + b], V_all[j:j + b])
-    out = acc / l
-    full = _softmax(S_all) @ V_all
-    if not _close(out, full):
-        if np.isnan(out).any():
-            raise _Wrong("nan on the first step (m = -inf): compute m_new first, then the "
-                         "rescale factor exp(m - m_new), which is exactly 0 there")
-        raise _Wrong(f"after all blocks acc / l differs from softmax(S) @ V by up to "
-                     f"{_maxdiff(out, full)}")
-    return "three blocks, one running max/sum/accumulator, the same result as softmax(S) @ V."
+        if not _close(l, ref[1]):
+            raise _Wrong("l should be exp(m1 - m) * l1 + exp(m2 - m) * l2")
+        raise _Wrong("acc should be exp(m1 - m) * acc1 + exp(m2 - m) * acc2")
+    return ("two halves of the keys, one exact result: this is how split-K kernels "
+            "(Flash-Decoding) combine the work of several thread blocks.")
 
 
+# --------------------------------------------------------------------------------------------
+# 5.3 The fraction of a GPU's memory that the saved probabilities take
+# --------------------------------------------------------------------------------------------
 def _dtype_bytes(dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
+_SAVED_CASES = (  # (B, H, T, n_layers, dtype, gpu_gib): B, H, n_layers all different
+    (2, 12, 1024, 6, torch.float16, 16),
+    (1, 16, 4096, 4, torch.bfloat16, 80),
+    (4, 8, 2048, 3, torch.float32, 24),
+    (3, 4, 512, 10, torch.float64, 40),
+)
+
+
 @_checker
-def check_score_memory(score_memory_bytes):
-    """``score_memory_bytes(B, H, T, block_size=None, dtype=torch.float32)`` -> bytes of scores
-    held at once: the full ``B*H*T*T`` matrix for naive attention (``block_size=None``), or one
-    ``min(block_size, T) x min(block_size, T)`` tile per (batch, head) for tiled attention."""
-    cases = ((1, 1, 4, None, torch.float32), (2, 12, 1024, None, torch.float16),
-             (2, 12, 1024, 256, torch.float32), (1, 8, 100, 256, torch.float32),
-             (4, 16, 4096, 64, torch.bfloat16), (3, 2, 50, None, torch.float64))
-    for B, H, T, bs, dtype in cases:
-        ans = _call(score_memory_bytes, B, H, T, block_size=bs, dtype=dtype,
-                    name="score_memory_bytes")
-        got = _number(ans, "the number of bytes")
+def check_saved_probs_fraction(saved_probs_fraction):
+    """``saved_probs_fraction(B, H, T, n_layers, dtype, gpu_gib)`` -> the fraction (0.25, not 25)
+    of a GPU with ``gpu_gib`` GiB that naive attention's saved probabilities take in training:
+    one ``(B, H, T, T)`` tensor of ``dtype`` per layer, ``n_layers`` layers."""
+    got, refs, parts = [], [], []
+    for B, H, T, L, dtype, gib in _SAVED_CASES:
+        ans = _call(saved_probs_fraction, B, H, T, L, dtype, gib, name="saved_probs_fraction",
+                    on_error=f"called with B={B}, H={H}, T={T}, n_layers={L}, dtype={dtype}, "
+                             f"gpu_gib={gib}")
+        got.append(_number(ans, "the fraction"))
         e = _dtype_bytes(dtype)
-        side = T if bs is None else min(bs, T)
-        ref = B * H * side * side * e
-        if got == ref:
-            continue
-        what = f"B={B}, H={H}, T={T}, block_size={bs}, {dtype}"
-        for value, hint in (
-            (ref / e, "you returned the number of elements: multiply by the bytes per element "
-                      "(4 for float32, 2 for float16/bfloat16, 8 for float64)"),
-            (ref / B, "every batch entry has its own scores: multiply by B"),
-            (ref / H, "every head has its own scores: multiply by H"),
-            (ref / (B * H), "every (batch, head) pair has its own scores: multiply by B * H"),
-            (B * H * T * side * e if bs is not None else None,
-             "one tile is block_size x block_size, not T x block_size"),
-            (B * H * bs * bs * e if bs is not None else None,
-             "a block larger than T is clipped to T: use min(block_size, T)"),
-            (B * H * T * T * e if bs is not None else None,
-             "with a block_size only one block_size x block_size tile exists at a time, not the "
-             "whole T x T matrix"),
-            (ref * 8, "you counted bits: one byte is 8 bits (float32 = 4 bytes per element)"),
-        ):
-            if value is not None and got == value:
-                raise _Wrong(f"{hint} (case {what})")
-        raise _Wrong(f"for {what} expected {ref:,} bytes; got {got:,.0f}")
-    return "naive attention's scores grow as T^2; a tile's do not grow with T at all."
+        refs.append(B * H * T * T * L * e / (gib * 2**30))
+        parts.append((B, H, T, L, e, gib))
+    if all(math.isclose(g, r, rel_tol=1e-6) for g, r in zip(got, refs, strict=True)):
+        return ("at these sizes the saved probabilities alone can fill a GPU: the reason "
+                "FlashAttention recomputes them in the backward pass instead of storing them.")
+    patterns = (
+        ("return a fraction (0.25 for a quarter), not a percent (25)",
+         lambda B, H, T, L, e, gib, r: 100 * r),
+        ("the bytes per element depend on the dtype (float16 and bfloat16: 2, float32: 4, "
+         "float64: 8; dtype.itemsize or torch.empty((), dtype=dtype).element_size()): you used "
+         "4 for every dtype", lambda B, H, T, L, e, gib, r: r * 4 / e),
+        ("gpu_gib is in GiB, 2**30 bytes; you used GB, 10**9 bytes",
+         lambda B, H, T, L, e, gib, r: r * 2**30 / 1e9),
+        ("1 GiB is 2**30 bytes; you divided by 2**20 (a MiB)",
+         lambda B, H, T, L, e, gib, r: r * 2**10),
+        ("convert the GPU's memory to bytes before dividing: gpu_gib * 2**30",
+         lambda B, H, T, L, e, gib, r: r * 2**30),
+        ("you counted elements: multiply by the bytes per element of the dtype",
+         lambda B, H, T, L, e, gib, r: r / e),
+        ("you counted bits: one byte is 8 bits", lambda B, H, T, L, e, gib, r: 8 * r),
+        ("every layer saves its own probabilities: multiply by n_layers",
+         lambda B, H, T, L, e, gib, r: r / L),
+        ("every head has its own T x T probabilities: multiply by H",
+         lambda B, H, T, L, e, gib, r: r / H),
+        ("every sequence in the batch has its own probabilities: multiply by B",
+         lambda B, H, T, L, e, gib, r: r / B),
+        ("the probabilities are T x T per (sequence, head): you used T, not T * T",
+         lambda B, H, T, L, e, gib, r: r / T),
+        ("the fraction is the probabilities' bytes divided by the GPU's bytes, not the other "
+         "way round", lambda B, H, T, L, e, gib, r: 1 / r),
+    )
+    for hint, pattern in patterns:
+        expected = [pattern(*p, r) for p, r in zip(parts, refs, strict=True)]
+        if all(math.isclose(g, x, rel_tol=1e-6) for g, x in zip(got, expected, strict=True)):
+            raise _Wrong(hint)
+    i = next(i for i, (g, r) in enumerate(zip(got, refs, strict=True))
+             if not math.isclose(g, r, rel_tol=1e-6))
+    B, H, T, L, dtype, gib = _SAVED_CASES[i]
+    raise _Wrong(f"for B={B}, H={H}, T={T}, n_layers={L}, {dtype}, {gib} GiB expected "
+                 f"{refs[i]:.6g}; got {got[i]:.6g}")
 
 
-def _largest_block(n_tiles: int, element: int, budget: int, strict: bool = False) -> int:
-    """The largest power of two b with n_tiles * b * b * element <= budget (< when strict)."""
-    b = 1
-    while (n_tiles * (2 * b) ** 2 * element < budget if strict
-           else n_tiles * (2 * b) ** 2 * element <= budget):
-        b *= 2
-    return b
+# --------------------------------------------------------------------------------------------
+# 5.4 FlashAttention's block sizes from the SRAM budget of one streaming multiprocessor
+# --------------------------------------------------------------------------------------------
+_BLOCK_CASES = (  # (sram_kib, head_dim, dtype): M / (4 d) is not a whole number in most
+    (99, 80, torch.float16),  # 50,688 elements / 320 = 158.4 -> B_c = 159, B_r = 80
+    (164, 96, torch.bfloat16),  # 83,968 / 384 = 218.7 -> 219, 96
+    (48, 96, torch.float32),  # 12,288 / 384 = 32 exactly -> 32, 32
+    (227, 112, torch.float16),  # 116,224 / 448 = 259.4 -> 260, 112
+    (64, 256, torch.float32),  # 16,384 / 1,024 = 16 -> 16, 16 (B_c below d)
+)
+
+
+def _flash_blocks(kib, d, e, kib_bytes=1024, rnd=math.ceil, four=4):
+    M = kib * kib_bytes // e  # SRAM size in elements
+    B_c = rnd(M / (four * d))
+    return min(B_c, d), B_c
 
 
 @_checker
-def check_block_size(choose_block_size):
-    """``choose_block_size(B, H, budget_bytes, dtype=torch.float32)`` -> the largest power of two
-    ``b`` (1, 2, 4, ...) whose score tiles, ``B * H * b * b`` elements, fit in ``budget_bytes``."""
-    cases = ((1, 1, 64, torch.float32), (2, 12, 2 ** 20, torch.float32),
-             (2, 12, 2 ** 20, torch.float16), (1, 1, 100, torch.float32),
-             (8, 32, 2 ** 30, torch.bfloat16), (3, 1, 3 * 16 * 16 * 4, torch.float32))
-    got, refs = [], []
-    for B, H, budget, dtype in cases:
-        ans = _call(choose_block_size, B, H, budget, dtype=dtype, name="choose_block_size")
-        got.append(_number(ans, "the block size"))
-        refs.append(_largest_block(B * H, _dtype_bytes(dtype), budget))
+def check_flash_block_sizes(flash_block_sizes):
+    """``flash_block_sizes(sram_kib, head_dim, dtype)`` -> ``(B_r, B_c)`` as in FlashAttention's
+    Algorithm 1 (Dao et al. 2022): with ``M`` the SRAM of one streaming multiprocessor counted in
+    elements of ``dtype``, ``B_c = ceil(M / (4 d))`` and ``B_r = min(B_c, d)``."""
+    got, refs, parts = [], [], []
+    for kib, d, dtype in _BLOCK_CASES:
+        ans = _call(flash_block_sizes, kib, d, dtype, name="flash_block_sizes",
+                    on_error=f"called with sram_kib={kib}, head_dim={d}, dtype={dtype}")
+        if not isinstance(ans, (tuple, list)) or len(ans) != 2:
+            raise _Wrong(f"return the two block sizes as a tuple (B_r, B_c); got {ans!r:.60}")
+        pair = tuple(_number(x, "each block size") for x in ans)
+        got.append(pair)
+        e = _dtype_bytes(dtype)
+        refs.append(_flash_blocks(kib, d, e))
+        parts.append((kib, d, e))
     if got == refs:
-        return "the largest power-of-two tile that fits the budget."
-    # Name the mistake that explains every case, then fall back to the first case that differs.
+        return ("B_c from the SRAM and head_dim alone; the grid of thread blocks covers the "
+                "(batch, head, query block) triples, so B and H never enter.")
     patterns = (
-        ("you returned the tile's bytes; return the block size b itself",
-         lambda B, H, budget, e, ref: B * H * ref * ref * e),
-        ("a tile that fills the budget exactly still fits: compare with <=, not <",
-         lambda B, H, budget, e, ref: _largest_block(B * H, e, budget, strict=True)),
-        ("there is one tile per (batch, head) pair: multiply b * b by B * H",
-         lambda B, H, budget, e, ref: _largest_block(1, e, budget)),
-        ("multiply by the bytes per element (4 for float32, 2 for float16/bfloat16)",
-         lambda B, H, budget, e, ref: _largest_block(B * H, 1, budget)),
-        ("you returned the first block that no longer fits: pick the largest block that still "
-         "fits (half of yours)", lambda B, H, budget, e, ref: 2 * ref),
+        ("M counts elements of the dtype, not bytes: divide the SRAM's bytes by the bytes per "
+         "element", lambda kib, d, e: _flash_blocks(kib, d, 1)),
+        ("the bytes per element depend on the dtype (float16/bfloat16: 2, float32: 4): you "
+         "used 4 for every dtype", lambda kib, d, e: _flash_blocks(kib, d, 4)),
+        ("1 KiB is 1024 bytes, not 1000", lambda kib, d, e: _flash_blocks(kib, d, e, 1000)),
+        ("round up, as the paper does: B_c = ceil(M / (4 d)), e.g. math.ceil",
+         lambda kib, d, e: _flash_blocks(kib, d, e, rnd=math.floor)),
+        ("four blocks share the SRAM (Q_i, K_j, V_j and O_i): B_c = ceil(M / (4 d)), not "
+         "ceil(M / d)", lambda kib, d, e: _flash_blocks(kib, d, e, four=1)),
+        ("cap the query block by the head size: B_r = min(B_c, d)",
+         lambda kib, d, e: (_flash_blocks(kib, d, e)[1],) * 2),
+        ("return them in the order (B_r, B_c): the query block first",
+         lambda kib, d, e: _flash_blocks(kib, d, e)[::-1]),
     )
-    args = [(B, H, budget, _dtype_bytes(dtype), ref)
-            for (B, H, budget, dtype), ref in zip(cases, refs, strict=True)]
     for hint, pattern in patterns:
-        expected = [pattern(*a) for a in args]
-        if expected != refs and all(g == x for g, x in zip(got, expected, strict=True)):
+        expected = [pattern(*p) for p in parts]
+        if expected != refs and got == expected:
             raise _Wrong(hint)
     i = next(i for i, (g, r) in enumerate(zip(got, refs, strict=True)) if g != r)
-    (B, H, budget, dtype), g, ref = cases[i], got[i], refs[i]
-    what = f"B={B}, H={H}, budget={budget:,} bytes, {dtype}"
-    if g > 0 and g == int(g) and int(g) & (int(g) - 1):
-        raise _Wrong(f"block sizes are powers of two: round down to one ({what}: got {g:g}, "
-                     f"expected {ref})")
-    if g > ref:
-        tile = B * H * g * g * _dtype_bytes(dtype)
-        raise _Wrong(f"a block of {g:g} needs {tile:,.0f} bytes of scores, more than the budget "
-                     f"({what})")
-    raise _Wrong(f"a larger block still fits: {what} allows {ref}; got {g:g}")
+    kib, d, dtype = _BLOCK_CASES[i]
+    raise _Wrong(f"for {kib} KiB of SRAM, head_dim {d}, {dtype}: expected (B_r, B_c) = "
+                 f"{refs[i]}; got {tuple(int(x) if x == int(x) else x for x in got[i])}")

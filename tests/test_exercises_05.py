@@ -1,0 +1,431 @@
+"""The checkers of notebook 05: each accepts a reference solution, says "not attempted yet" for the
+shipped stub, and rejects typical wrong answers with the hint for that mistake. The reference
+solutions here are written independently of the checkers (and checked against PyTorch below)."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from shared import exercises as ex
+from shared.exercises import nb05
+
+
+def stub(*args, **kwargs):
+    # TODO: your code here
+    return None
+
+
+def stub_raises(*args, **kwargs):
+    raise NotImplementedError
+
+
+# 5.1 ------------------------------------------------------------------------------------------
+def time_ok(f, sync, clock=time.perf_counter, warmup=3, repeats=10):
+    for _ in range(warmup):
+        f()
+    sync()
+    start = clock()
+    for _ in range(repeats):
+        f()
+    sync()
+    return (clock() - start) / repeats
+
+
+def time_median_per_call(f, sync, clock=time.perf_counter, warmup=3, repeats=10):
+    for _ in range(warmup):
+        f()
+    times = []
+    for _ in range(repeats):
+        sync()
+        start = clock()
+        f()
+        sync()
+        times.append(clock() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def time_no_sync(f, sync, clock=time.perf_counter, warmup=3, repeats=10):
+    for _ in range(warmup):
+        f()
+    start = clock()
+    for _ in range(repeats):
+        f()
+    return (clock() - start) / repeats
+
+
+def time_no_warmup(f, sync, clock=time.perf_counter, repeats=10):
+    sync()
+    start = clock()
+    for _ in range(repeats):
+        f()
+    sync()
+    return (clock() - start) / repeats
+
+
+def time_no_warmup_many_calls(f, sync, clock=time.perf_counter):
+    # 2000 calls dilute the slow first one to within 2 %: the number passes, the procedure not
+    return time_no_warmup(f, sync, clock, repeats=2000)
+
+
+def time_no_sync_before_start(f, sync, clock=time.perf_counter, warmup=3, repeats=10):
+    for _ in range(warmup):
+        f()
+    start = clock()
+    for _ in range(repeats):
+        f()
+    sync()
+    return (clock() - start) / repeats
+
+
+def time_no_sync_at_end_many_calls(f, sync, clock=time.perf_counter, warmup=3):
+    for _ in range(warmup):
+        f()
+    sync()
+    start = clock()
+    for _ in range(1000):
+        f()
+    return (clock() - start) / 1000
+
+
+def time_one_call(f, sync, clock=time.perf_counter, warmup=3):
+    for _ in range(warmup):
+        f()
+    sync()
+    start = clock()
+    f()
+    sync()
+    return clock() - start
+
+
+def time_total(f, sync, clock=time.perf_counter, warmup=3, repeats=10):
+    return time_ok(f, sync, clock, warmup, repeats) * repeats
+
+
+def time_milliseconds(f, sync, clock=time.perf_counter, warmup=3, repeats=10):
+    return time_ok(f, sync, clock, warmup, repeats) * 1e3
+
+
+def time_text(f, sync, clock=time.perf_counter, warmup=3, repeats=10):
+    return f"{time_ok(f, sync, clock, warmup, repeats):.6f}"
+
+
+def time_hard_coded(f, sync, clock=time.perf_counter, warmup=3, repeats=10):
+    time_ok(f, sync, clock, warmup, repeats)  # the right procedure, then a fixed answer
+    return 0.002
+
+
+def time_perf_counter(f, sync, clock=time.perf_counter, warmup=3, repeats=10):
+    return time_ok(f, sync, time.perf_counter, warmup, repeats)
+
+
+def time_buggy_as_shown(f, sync, clock=time.perf_counter, warmup=3, repeats=10):
+    # the notebook's buggy loop, unchanged: warm-up inside the timing, no synchronisation
+    start = clock()
+    for _ in range(warmup + repeats):
+        f()
+    return (clock() - start) / repeats
+
+
+def time_sync_but_warmup_timed(f, sync, clock=time.perf_counter, warmup=3, repeats=10):
+    # fixed the synchronisation only: the slow first call is still inside the timing
+    sync()
+    start = clock()
+    for _ in range(warmup + repeats):
+        f()
+    sync()
+    return (clock() - start) / repeats
+
+
+def time_retry_forever(f, sync, clock=time.perf_counter, warmup=3, repeats=10):
+    while True:  # a loop that never ends: the checker's time limit must stop it
+        pass
+
+
+# 5.2 ------------------------------------------------------------------------------------------
+def merge_ok(m1, l1, acc1, m2, l2, acc2):
+    m = torch.maximum(m1, m2)
+    ref = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # rows with no key at all
+    a1, a2 = torch.exp(m1 - ref), torch.exp(m2 - ref)
+    return m, a1 * l1 + a2 * l2, a1 * acc1 + a2 * acc2
+
+
+def merge_float32(m1, l1, acc1, m2, l2, acc2):
+    return merge_ok(*(t.float() for t in (m1, l1, acc1, m2, l2, acc2)))
+
+
+def merge_flat(m1, l1, acc1, m2, l2, acc2):  # (n,) statistics are fine too
+    m, l, acc = merge_ok(m1, l1, acc1, m2, l2, acc2)
+    return m.squeeze(-1), l.squeeze(-1), acc
+
+
+def merge_no_guard(m1, l1, acc1, m2, l2, acc2):
+    m = torch.maximum(m1, m2)
+    a1, a2 = torch.exp(m1 - m), torch.exp(m2 - m)
+    return m, a1 * l1 + a2 * l2, a1 * acc1 + a2 * acc2
+
+
+def merge_no_rescale(m1, l1, acc1, m2, l2, acc2):
+    return torch.maximum(m1, m2), l1 + l2, acc1 + acc2
+
+
+def merge_rescale_second_only(m1, l1, acc1, m2, l2, acc2):
+    m, _, _ = merge_ok(m1, l1, acc1, m2, l2, acc2)
+    a2 = torch.exp(m2 - torch.where(torch.isfinite(m), m, torch.zeros_like(m)))
+    return m, l1 + a2 * l2, acc1 + a2 * acc2
+
+
+def merge_inverted(m1, l1, acc1, m2, l2, acc2):
+    m = torch.maximum(m1, m2)
+    a1, a2 = torch.exp(m - m1), torch.exp(m - m2)
+    return m, a1 * l1 + a2 * l2, a1 * acc1 + a2 * acc2
+
+
+def merge_normalised(m1, l1, acc1, m2, l2, acc2):
+    m, l, acc = merge_ok(m1, l1, acc1, m2, l2, acc2)
+    return m, l, torch.where(l > 0, acc / l.clamp(min=1e-300), torch.zeros_like(acc))
+
+
+def merge_average_outputs(m1, l1, acc1, m2, l2, acc2):
+    m, l, _ = merge_ok(m1, l1, acc1, m2, l2, acc2)
+    o1 = torch.where(l1 > 0, acc1 / l1.clamp(min=1e-300), torch.zeros_like(acc1))
+    o2 = torch.where(l2 > 0, acc2 / l2.clamp(min=1e-300), torch.zeros_like(acc2))
+    return m, l, (o1 + o2) / 2
+
+
+def merge_in_place(m1, l1, acc1, m2, l2, acc2):
+    m = torch.maximum(m1, m2)
+    ref = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    a1, a2 = torch.exp(m1 - ref), torch.exp(m2 - ref)
+    acc1.mul_(a1).add_(a2 * acc2)  # right numbers, but the caller's acc1 is gone
+    return m, a1 * l1 + a2 * l2, acc1
+
+
+def merge_one_max(m1, l1, acc1, m2, l2, acc2):
+    m = torch.maximum(m1, m2)
+    finite = m[torch.isfinite(m)]
+    m_all = finite.max().expand_as(m)
+    a1, a2 = torch.exp(m1 - m_all), torch.exp(m2 - m_all)
+    return m_all, a1 * l1 + a2 * l2, a1 * acc1 + a2 * acc2
+
+
+# 5.3 ------------------------------------------------------------------------------------------
+def saved_ok(B, H, T, n_layers, dtype, gpu_gib):
+    return B * H * T * T * n_layers * dtype.itemsize / (gpu_gib * 1024**3)
+
+
+def saved_percent(B, H, T, n_layers, dtype, gpu_gib):
+    return 100 * saved_ok(B, H, T, n_layers, dtype, gpu_gib)
+
+
+def saved_four_bytes(B, H, T, n_layers, dtype, gpu_gib):
+    return B * H * T * T * n_layers * 4 / (gpu_gib * 1024**3)
+
+
+def saved_gb(B, H, T, n_layers, dtype, gpu_gib):
+    return B * H * T * T * n_layers * dtype.itemsize / (gpu_gib * 1e9)
+
+
+def saved_mib(B, H, T, n_layers, dtype, gpu_gib):
+    return B * H * T * T * n_layers * dtype.itemsize / (gpu_gib * 2**20)
+
+
+def saved_one_layer(B, H, T, n_layers, dtype, gpu_gib):
+    return saved_ok(B, H, T, 1, dtype, gpu_gib)
+
+
+def saved_no_heads(B, H, T, n_layers, dtype, gpu_gib):
+    return saved_ok(B, 1, T, n_layers, dtype, gpu_gib)
+
+
+def saved_linear_in_T(B, H, T, n_layers, dtype, gpu_gib):
+    return B * H * T * n_layers * dtype.itemsize / (gpu_gib * 1024**3)
+
+
+def saved_crashes(B, H, T, n_layers, dtype, gpu_gib):
+    return B * H * T * T * n_layers * dtype.nbytes / gpu_gib  # no such attribute
+
+
+def saved_as_text(B, H, T, n_layers, dtype, gpu_gib):
+    return f"{100 * saved_ok(B, H, T, n_layers, dtype, gpu_gib):.1f} %"
+
+
+# 5.4 ------------------------------------------------------------------------------------------
+def blocks_ok(sram_kib, head_dim, dtype):
+    M = sram_kib * 1024 // dtype.itemsize  # elements that fit in the SRAM
+    B_c = -(-M // (4 * head_dim))  # ceil(M / 4d) in integers
+    return min(B_c, head_dim), B_c
+
+
+def blocks_bytes(sram_kib, head_dim, dtype):
+    B_c = math.ceil(sram_kib * 1024 / (4 * head_dim))
+    return min(B_c, head_dim), B_c
+
+
+def blocks_four_bytes(sram_kib, head_dim, dtype):
+    B_c = math.ceil(sram_kib * 1024 / 4 / (4 * head_dim))
+    return min(B_c, head_dim), B_c
+
+
+def blocks_floor(sram_kib, head_dim, dtype):
+    B_c = sram_kib * 1024 // dtype.itemsize // (4 * head_dim)
+    return min(B_c, head_dim), B_c
+
+
+def blocks_kilo(sram_kib, head_dim, dtype):
+    B_c = math.ceil(sram_kib * 1000 // dtype.itemsize / (4 * head_dim))
+    return min(B_c, head_dim), B_c
+
+
+def blocks_no_cap(sram_kib, head_dim, dtype):
+    return blocks_ok(sram_kib, head_dim, dtype)[1], blocks_ok(sram_kib, head_dim, dtype)[1]
+
+
+def blocks_swapped(sram_kib, head_dim, dtype):
+    return blocks_ok(sram_kib, head_dim, dtype)[::-1]
+
+
+def blocks_one_d(sram_kib, head_dim, dtype):
+    B_c = math.ceil(sram_kib * 1024 // dtype.itemsize / head_dim)
+    return min(B_c, head_dim), B_c
+
+
+def blocks_from_batch_heads(sram_kib, head_dim, dtype):  # the old exercise's idea: B*H tiles
+    return 64, 64
+
+
+NA, OK = "not attempted yet", "correct!"
+C = ex
+CASES = [
+    # 5.1
+    (C.check_time_call, time_ok, True, "2.00 ms per call"),
+    (C.check_time_call, time_median_per_call, True, OK),
+    (C.check_time_call, stub, None, NA),
+    (C.check_time_call, stub_raises, None, NA),
+    (C.check_time_call, time_buggy_as_shown, False, "warm-up"),
+    (C.check_time_call, time_sync_but_warmup_timed, False, "warm-up"),
+    (C.check_time_call, time_no_sync, False, "asynchronously"),
+    (C.check_time_call, time_no_sync_at_end_many_calls, False, "sync() right before reading the clock at the end"),
+    (C.check_time_call, time_no_warmup, False, "warm-up"),
+    (C.check_time_call, time_no_warmup_many_calls, False, "warm-up"),
+    (C.check_time_call, time_no_sync_before_start, False, "before starting the clock"),
+    (C.check_time_call, time_one_call, False, "several calls"),
+    (C.check_time_call, time_total, False, "divide by the number of timed calls"),
+    (C.check_time_call, time_milliseconds, False, "not milliseconds"),
+    (C.check_time_call, time_text, False, "not a string"),
+    (C.check_time_call, time_hard_coded, False, "not a fixed number"),
+    (C.check_time_call, time_perf_counter, False, "clock you are given"),
+    (C.check_time_call, time_retry_forever, False, "still running after"),
+    # 5.2
+    (C.check_merge_partials, merge_ok, True, "Flash-Decoding"),
+    (C.check_merge_partials, merge_float32, True, OK),
+    (C.check_merge_partials, merge_flat, True, OK),
+    (C.check_merge_partials, stub, None, NA),
+    (C.check_merge_partials, merge_no_guard, False, "no keys in either part"),
+    (C.check_merge_partials, merge_no_rescale, False, "forgot to rescale"),
+    (C.check_merge_partials, merge_rescale_second_only, False, "rescale BOTH parts"),
+    (C.check_merge_partials, merge_inverted, False, "not exp(m - m_i)"),
+    (C.check_merge_partials, merge_normalised, False, "keep acc unnormalised"),
+    (C.check_merge_partials, merge_average_outputs, False, "averaged the two parts' outputs"),
+    (C.check_merge_partials, merge_in_place, False, "changed its input acc1 in place"),
+    (C.check_merge_partials, merge_one_max, False, "m is per query row"),
+    # 5.3
+    (C.check_saved_probs_fraction, saved_ok, True, "recomputes them"),
+    (C.check_saved_probs_fraction, stub, None, NA),
+    (C.check_saved_probs_fraction, saved_percent, False, "not a percent"),
+    (C.check_saved_probs_fraction, saved_four_bytes, False, "you used 4 for every dtype"),
+    (C.check_saved_probs_fraction, saved_gb, False, "you used GB"),
+    (C.check_saved_probs_fraction, saved_mib, False, "2**20 (a MiB)"),
+    (C.check_saved_probs_fraction, saved_one_layer, False, "multiply by n_layers"),
+    (C.check_saved_probs_fraction, saved_no_heads, False, "multiply by H"),
+    (C.check_saved_probs_fraction, saved_linear_in_T, False, "not T * T"),
+    (C.check_saved_probs_fraction, saved_as_text, False, "not a string"),
+    (C.check_saved_probs_fraction, saved_crashes, False, "called with B=2, H=12, T=1024"),
+    # 5.4
+    (C.check_flash_block_sizes, blocks_ok, True, "B and H never enter"),
+    (C.check_flash_block_sizes, stub, None, NA),
+    (C.check_flash_block_sizes, blocks_bytes, False, "not bytes"),
+    (C.check_flash_block_sizes, blocks_four_bytes, False, "you used 4 for every dtype"),
+    (C.check_flash_block_sizes, blocks_floor, False, "round up"),
+    (C.check_flash_block_sizes, blocks_kilo, False, "1024 bytes, not 1000"),
+    (C.check_flash_block_sizes, blocks_no_cap, False, "B_r = min(B_c, d)"),
+    (C.check_flash_block_sizes, blocks_swapped, False, "the query block first"),
+    (C.check_flash_block_sizes, blocks_one_d, False, "four blocks share the SRAM"),
+    (C.check_flash_block_sizes, blocks_from_batch_heads, False, "expected (B_r, B_c)"),
+]
+
+
+def _id(case):
+    return f"{case[0].__name__}-{case[1].__name__}"
+
+
+@pytest.mark.parametrize("checker, answer, expected, phrase", CASES, ids=[_id(c) for c in CASES])
+def test_checker(capsys, checker, answer, expected, phrase):
+    result = checker(answer)
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1, out
+    assert result.passed is expected, out
+    assert phrase in out, out
+    prefix = {True: "correct!", False: "not quite:", None: "not attempted yet"}[expected]
+    assert out.startswith(prefix), out
+
+
+def test_every_checker_is_covered():
+    """Each checker: a correct answer, the stub, and at least three different wrong answers."""
+    for name in nb05.__all__:
+        results = [c[2] for c in CASES if c[0].__name__ == name]
+        assert True in results and None in results, name
+        assert results.count(False) >= 3, name
+
+
+def test_checkers_never_raise_on_odd_answers(capsys):
+    odd = [None, 3, "text", lambda *a, **k: "text", lambda *a, **k: object(),
+           lambda *a, **k: (1, 2), lambda *a, **k: np.zeros(0)]
+    for name in nb05.__all__:
+        for answer in odd:
+            result = getattr(ex, name)(answer)
+            out = capsys.readouterr().out
+            assert result.passed in (None, False), (name, answer, out)
+            assert out.count("\n") == 1, (name, out)
+
+
+def test_merged_state_is_attention_over_all_keys():
+    """Independent of the checker: merge_ok on a random split equals PyTorch's softmax @ V."""
+    gen = torch.Generator().manual_seed(0)
+    S = torch.randn(4, 9, generator=gen, dtype=torch.float64) * 3
+    V = torch.randn(9, 2, generator=gen, dtype=torch.float64)
+
+    def state(s, v):
+        m = s.amax(-1, keepdim=True)
+        p = torch.exp(s - m)
+        return m, p.sum(-1, keepdim=True), p @ v
+
+    m, l, acc = merge_ok(*state(S[:, :4], V[:4]), *state(S[:, 4:], V[4:]))
+    assert torch.allclose(acc / l, torch.softmax(S, dim=-1) @ V)
+
+
+def test_hidden_merge_cases_make_the_mistakes_differ():
+    """In the hidden cases the two parts' maxima cross (part 1 larger in some rows, part 2 in
+    others), so rescaling one part only cannot pass, and every case has an empty part."""
+    cases = nb05._merge_cases()
+    st1, st2 = cases[0][0], cases[0][1]
+    assert (st1[0] > st2[0]).any() and (st2[0] > st1[0]).any()
+    assert all(np.isinf(c[0][0]).any() or np.isinf(c[1][0]).any() for c in cases[1:])
+
+
+def test_saved_fraction_reference_by_hand():
+    """GPT-2 small-like: B=2, H=12, T=1024, 6 layers, float16 -> 2*12*1024^2*6*2 bytes = 288 MiB,
+    of 16 GiB = 288 / 16384."""
+    assert saved_ok(2, 12, 1024, 6, torch.float16, 16) == pytest.approx(288 / 16384)
+
+
+def test_flash_block_sizes_by_hand():
+    """A100-like 164 KiB of SRAM per SM, d = 128, bfloat16: M = 83,968 elements,
+    B_c = ceil(83968 / 512) = 164, B_r = min(164, 128) = 128 (the paper's rule; real kernels tune)."""
+    assert blocks_ok(164, 128, torch.bfloat16) == (128, 164)
+    assert blocks_ok(100, 80, torch.float16) == (80, 160)  # 51,200 / 320 = 160 exactly
+    assert blocks_ok(48, 96, torch.float32) == (32, 32)  # 12,288 / 384 = 32

@@ -4,7 +4,9 @@ independently of the checkers."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -251,6 +253,20 @@ def test_the_prediction_is_what_the_buggy_code_does():
     assert outputs_moved_by_last_token(causal_hiding(lambda i, j: j > i)) == [5]
 
 
+def test_the_notebook_shows_the_bug_the_checker_knows():
+    nb = json.loads((Path(__file__).resolve().parent.parent / "notebooks"
+                     / "03_causal_attention.ipynb").read_text(encoding="utf-8"))
+    cell = next("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"
+                and "def leaky_causal_attention" in "".join(c["source"]))
+    scope = {"np": np}  # the notebook imports NumPy in an earlier cell
+    exec(cell, scope)  # noqa: S102 - the notebook's own cell
+    rng = np.random.default_rng(3)
+    Q, K, V = rng.normal(size=(7, 3)), rng.normal(size=(7, 3)), rng.normal(size=(7, 2))
+    assert np.allclose(scope["leaky_causal_attention"](Q, K, V),
+                       nb03._leaky_causal_attention(Q, K, V))
+    assert outputs_moved_by_last_token(scope["leaky_causal_attention"]) == MOVED
+
+
 def causal_hiding(hidden, softmax=course_softmax, scale=None):
     def causal_attention(Q, K, V):
         T, d_k = Q.shape
@@ -325,6 +341,11 @@ def test_moved_outputs_prediction(capsys, prediction, hint):
     out = capsys.readouterr().out
     assert hint in out, out
     assert result.passed is (hint == "correct!")
+
+
+def test_causal_bug_fix_called_the_old_way(capsys):  # only the function: the order is named
+    assert ex.check_causal_bug_fix(causal_triu(1)).passed is False
+    assert "pass your prediction first" in capsys.readouterr().out
 
 
 def test_causal_bug_fix_not_attempted(capsys):

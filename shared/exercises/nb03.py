@@ -424,11 +424,14 @@ def _causal_reference(Q, K, V, scale=True, after=False, axis=-1, mult=False, all
 
 
 @_checker
-def check_causal_bug_fix(moved_outputs, causal_attention):
+def check_causal_bug_fix(moved_outputs, causal_attention=None):
     """Exercise 3.3: ``moved_outputs``, the 0-based indices of the outputs of the buggy
     ``leaky_causal_attention`` that change when only the last of 6 tokens changes (predicted);
     ``causal_attention(Q, K, V)`` -> ``(T, d_v)`` outputs where query i uses keys j <= i only.
     Q, K: NumPy ``(T, d_k)``; V: ``(T, d_v)``; Q, K and V are left unchanged."""
+    if causal_attention is None and callable(moved_outputs):
+        raise _Wrong("pass your prediction first, then the function: "
+                     "check_causal_bug_fix(moved_outputs, causal_attention)")
     _check_moved_prediction(moved_outputs)
     rng = _rng(302)
     for T, d_k, d_v in ((5, 4, 3), (6, 2, 2), (7, 3, 3), (1, 3, 2)):

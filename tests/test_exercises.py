@@ -508,6 +508,17 @@ def empty_rows_p_to_the_i(T, p):
     return sum(p**i for i in range(T))
 
 
+MOVED_03 = [4, 5]  # outputs of the buggy code that move when the last of 6 tokens changes
+
+
+def pairs_ok(T, window):  # query i sees min(i + 1, window) keys
+    return sum(min(i + 1, window) for i in range(T))
+
+
+def pairs_no_clamp(T, window):
+    return T * window - window * (window - 1) // 2
+
+
 def causal_ok(Q, K, V):
     T, d_k = Q.shape
     scores = Q @ K.T / np.sqrt(d_k)
@@ -523,7 +534,7 @@ def causal_sdpa_float32(Q, K, V):
 def causal_leaky(Q, K, V):  # the buggy code shipped in notebook 03
     T, d_k = Q.shape
     scores = Q @ K.T / np.sqrt(d_k)
-    future = np.tril(np.ones((T, T), dtype=bool), k=-1)
+    future = np.triu(np.ones((T, T), dtype=bool), k=2)
     return np_softmax(np.where(future, -np.inf, scores)) @ V
 
 
@@ -700,19 +711,25 @@ CASES = [
     (C.check_sliding_window_attention, (WindowOffByOne,), False, "yours sees window + 1"),
     (C.check_sliding_window_attention, (WindowForwardIgnoresBuffer,), False, "forward ignores the window"),
     (C.check_sliding_window_attention, (WindowReturnsTuple,), False, "not a tuple"),
+    (C.check_window_pairs, (pairs_ok,), True, OK),
+    (C.check_window_pairs, (stub1,), None, NA),
+    (C.check_window_pairs, (pairs_no_clamp,), False, "clamp the window to T"),
+    (C.check_window_pairs, (lambda T, window: T * window,), False, "that is T * window"),
     (C.check_expected_empty_rows, (empty_rows_ok,), True, OK),
     (C.check_expected_empty_rows, (stub1,), None, NA),
     (C.check_expected_empty_rows, (empty_rows_no_mask,), False, "attention without a mask"),
     (C.check_expected_empty_rows, (empty_rows_p_to_the_i,), False, "query 0 probability 1"),
-    (C.check_causal_bug_fix, (causal_ok,), True, OK),
-    (C.check_causal_bug_fix, (causal_sdpa_float32,), True, OK),
-    (C.check_causal_bug_fix, (stub1,), None, NA),
-    (C.check_causal_bug_fix, (causal_leaky,), False, "still the original bug"),
-    (C.check_causal_bug_fix, (causal_after_softmax,), False, "after softmax without renormalising"),
-    (C.check_causal_bug_fix, (causal_no_mask,), False, "future leaked"),
-    (C.check_causal_bug_fix, (causal_unscaled,), False, "forgot the scaling"),
-    (C.check_causal_bug_fix, (causal_rows_reversed,), False, "wrong order"),
-    (C.check_causal_bug_fix, (causal_in_place,), False, "in place"),
+    (C.check_causal_bug_fix, (MOVED_03, causal_ok), True, OK),
+    (C.check_causal_bug_fix, (MOVED_03, causal_sdpa_float32), True, OK),
+    (C.check_causal_bug_fix, (MOVED_03, stub1), None, NA),
+    (C.check_causal_bug_fix, (None, stub1), None, "moved_outputs is still None"),
+    (C.check_causal_bug_fix, ([5], causal_ok), False, "what correct causal attention does"),
+    (C.check_causal_bug_fix, (MOVED_03, causal_leaky), False, "still the original bug"),
+    (C.check_causal_bug_fix, (MOVED_03, causal_after_softmax), False, "after softmax without renormalising"),
+    (C.check_causal_bug_fix, (MOVED_03, causal_no_mask), False, "future leaked"),
+    (C.check_causal_bug_fix, (MOVED_03, causal_unscaled), False, "forgot the scaling"),
+    (C.check_causal_bug_fix, (MOVED_03, causal_rows_reversed), False, "wrong order"),
+    (C.check_causal_bug_fix, (MOVED_03, causal_in_place), False, "in place"),
 ]
 
 
@@ -798,7 +815,7 @@ def test_checkers_never_raise_on_odd_answers(capsys):
 
 
 def test_result_shows_nothing_in_a_notebook(capsys):
-    result = ex.check_causal_bug_fix(causal_ok)
+    result = ex.check_causal_bug_fix(MOVED_03, causal_ok)
     capsys.readouterr()
     assert result._ipython_display_() is None
     assert repr(result) == "CheckResult(passed=True)"
@@ -809,7 +826,7 @@ def test_checkers_leave_the_global_random_state_alone(capsys):
     torch.manual_seed(7)
     np.random.seed(7)  # noqa: NPY002 - the legacy global state is what we check
     ex.check_sliding_window_attention(WindowOK)
-    ex.check_causal_bug_fix(causal_ok)
+    ex.check_causal_bug_fix(MOVED_03, causal_ok)
     capsys.readouterr()
     after_torch, after_np = torch.rand(3), np.random.random(3)  # noqa: NPY002
     torch.manual_seed(7)

@@ -4,7 +4,9 @@ independently of the checkers."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -99,6 +101,60 @@ def test_sliding_window_hints(capsys, answer, hint):
     assert result.passed is False and hint in out, out
 
 
+# 3.1 (b) --------------------------------------------------------------------------------------
+def pairs_by_counting(T, window):  # build the band and count its True entries
+    i = torch.arange(T)
+    return int(((i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - window)).sum())
+
+
+def pairs_closed_form(T, window):  # the first w - 1 queries see 1, 2, .., w - 1 keys
+    w = min(window, T)
+    return T * w - w * (w - 1) / 2
+
+
+WRONG_PAIRS = [
+    (lambda T, w: T * w, "that is T * window"),
+    (lambda T, w: T * (T + 1) // 2, "plain causal count"),
+    (lambda T, w: T * w - w * (w - 1) // 2, "clamp the window to T"),  # no min(window, T)
+    (lambda T, w: pairs_closed_form(T, w + 1), "one key more"),
+    (lambda T, w: pairs_closed_form(T, w) - T, "each query also sees itself"),
+    (lambda T, w: T * T - pairs_closed_form(T, w), "the pairs the mask HIDES"),
+    (lambda T, w: T * T, "attention without any mask"),
+    (lambda T, w: T if w == 1 else pairs_closed_form(T, w) + 1, "for T = 6, window = 3 you"),
+    (lambda T, w: 1 if w == 1 else pairs_closed_form(T, w), "each query sees only itself"),
+    (lambda T, w: T * w - w * (w - 1) // 2 + 2 * (w > T), "(window >= T)"),
+    (lambda T, w: str(pairs_closed_form(T, w)), "without quotes"),
+]
+
+
+@pytest.mark.parametrize("answer", [pairs_by_counting, pairs_closed_form])
+def test_window_pairs_accepts(capsys, answer):
+    assert ex.check_window_pairs(answer).passed is True
+    assert capsys.readouterr().out.startswith("correct!")
+
+
+@pytest.mark.parametrize("answer,hint", WRONG_PAIRS, ids=[h for _, h in WRONG_PAIRS])
+def test_window_pairs_hints(capsys, answer, hint):
+    result = ex.check_window_pairs(answer)
+    out = capsys.readouterr().out
+    assert result.passed is False and hint in out, out
+
+
+def test_window_pairs_mistakes_are_told_apart_on_the_hidden_cases():
+    right = [pairs_by_counting(T, w) for T, w in nb03._PAIRS_CASES]
+    columns = list(zip(*(nb03._pairs_candidates(T, w) for T, w in nb03._PAIRS_CASES), strict=True))
+    values = [[v for _, v in column] for column in columns]
+    for a, va in enumerate(values):
+        assert va != right
+        for vb in values[a + 1:]:
+            assert va != vb
+
+
+def test_window_pairs_counts_the_module_mask():  # the reference against the notebook's buffer
+    for T, w in ((6, 3), (4, 6), (9, 1)):
+        assert nb03._pairs(T, w) == int(Window(3, 2, T, w).mask.sum())
+
+
 # 3.2 ------------------------------------------------------------------------------------------
 def empty_rows_loop(T, p):
     return sum(p ** (i + 1) for i in range(T))  # query i sees i + 1 keys
@@ -172,6 +228,45 @@ def test_expected_empty_rows_matches_a_measurement():  # the formula against nn.
 
 
 # 3.3 ------------------------------------------------------------------------------------------
+def leaky_causal_attention(Q, K, V):  # the buggy code shown in notebook 03, typed again
+    T, d_k = Q.shape
+    scores = Q @ K.T / np.sqrt(d_k)
+    future = np.triu(np.ones((T, T), dtype=bool), k=2)
+    return course_softmax(np.where(future, -np.inf, scores), axis=-1) @ V
+
+
+def outputs_moved_by_last_token(fn, T=6):  # measured, the way the notebook's section 7 does it
+    rng = np.random.default_rng(7)
+    Q, K, V = rng.normal(size=(T, 3)), rng.normal(size=(T, 3)), rng.normal(size=(T, 2))
+    K2, V2 = K.copy(), V.copy()
+    K2[-1] += 1.0
+    V2[-1] += 1.0
+    moved = np.abs(fn(Q, K2, V2) - fn(Q, K, V)).max(axis=-1)
+    return [i for i in range(T) if moved[i] > 1e-9]
+
+
+MOVED = outputs_moved_by_last_token(leaky_causal_attention)
+
+
+def test_the_prediction_is_what_the_buggy_code_does():
+    assert MOVED == [4, 5]
+    assert outputs_moved_by_last_token(causal_hiding(lambda i, j: j > i)) == [5]
+
+
+def test_the_notebook_shows_the_bug_the_checker_knows():
+    nb = json.loads((Path(__file__).resolve().parent.parent / "notebooks"
+                     / "03_causal_attention.ipynb").read_text(encoding="utf-8"))
+    cell = next("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"
+                and "def leaky_causal_attention" in "".join(c["source"]))
+    scope = {"np": np}  # the notebook imports NumPy in an earlier cell
+    exec(cell, scope)  # noqa: S102 - the notebook's own cell
+    rng = np.random.default_rng(3)
+    Q, K, V = rng.normal(size=(7, 3)), rng.normal(size=(7, 3)), rng.normal(size=(7, 2))
+    assert np.allclose(scope["leaky_causal_attention"](Q, K, V),
+                       nb03._leaky_causal_attention(Q, K, V))
+    assert outputs_moved_by_last_token(scope["leaky_causal_attention"]) == MOVED
+
+
 def causal_hiding(hidden, softmax=course_softmax, scale=None):
     def causal_attention(Q, K, V):
         T, d_k = Q.shape
@@ -188,12 +283,25 @@ def causal_changes_K(Q, K, V):
     return causal_hiding(lambda i, j: j > i)(Q, K, V)
 
 
+def causal_triu(k):
+    def causal_attention(Q, K, V):
+        T, d_k = Q.shape
+        future = np.triu(np.ones((T, T), dtype=bool), k=k)
+        return course_softmax(np.where(future, -np.inf, Q @ K.T / np.sqrt(d_k)), axis=-1) @ V
+    return causal_attention
+
+
 @pytest.mark.parametrize("answer,hint", [
     (causal_hiding(lambda i, j: j > i), "correct!"),
+    (causal_triu(1), "correct!"),
+    (leaky_causal_attention, "still the original bug: np.triu(..., k=2)"),
+    (causal_triu(3), "k moved the wrong way"),
+    (causal_hiding(lambda i, j: j < i), "your mask hides the past"),  # tril(k=-1) as the hidden set
     (causal_hiding(lambda i, j: j >= i), "np.triu(..., k=0) marks j >= i"),  # triu(k=0)
     (causal_hiding(lambda i, j: j >= i, softmax=np_softmax), "np.triu(..., k=0) marks j >= i"),
     (causal_hiding(lambda i, j: j <= i), "inverted mask"),  # tril(k=0) used as the hidden set
     (causal_hiding(lambda i, j: j <= i, softmax=np_softmax), "inverted mask"),
+    (causal_hiding(lambda i, j: j > i + 3), "future leaked: the output of token 1 changed"),
     (causal_hiding(lambda i, j: j > i, scale=lambda Q, V: np.sqrt(V.shape[1])),
      "you scaled by sqrt(d_v) = sqrt(3)"),
     (causal_hiding(lambda i, j: j > i, scale=lambda Q, V: Q.shape[1]),
@@ -203,10 +311,48 @@ def causal_changes_K(Q, K, V):
     (causal_changes_K, "changed K in place"),
 ])
 def test_causal_bug_fix_hints(capsys, answer, hint):
-    result = ex.check_causal_bug_fix(answer)
+    result = ex.check_causal_bug_fix(MOVED, answer)
     out = capsys.readouterr().out
     assert hint in out, out
     assert result.passed is (hint == "correct!")
+
+
+@pytest.mark.parametrize("prediction,hint", [
+    ([4, 5], "correct!"),
+    ((5, 4), "correct!"),
+    (np.array([4, 5]), "correct!"),
+    (torch.tensor([4, 5]), "correct!"),
+    ({4, 5}, "correct!"),
+    (outputs_moved_by_last_token(causal_hiding(lambda i, j: j > i)), "correct causal attention"),
+    ([4], "output 5 moves too"),
+    (5, "correct causal attention"),
+    (list(range(6)), "attention with no mask at all"),
+    ([3, 4, 5], "one future token, not two"),
+    ([5, 6], "indices are 0-based"),
+    ([0, 1], "they sit at the end"),
+    ([2, 5], "query i sees the keys j <= i + 1"),
+    ([-1, 4, 5], "numbered 0 .. 5"),
+    ([False, False, False, False, True, True], "not one True/False per output"),
+    ([4.5, 5], "whole numbers"),
+    ("4, 5", "not the text"),
+])
+def test_moved_outputs_prediction(capsys, prediction, hint):
+    result = ex.check_causal_bug_fix(prediction, causal_triu(1))
+    out = capsys.readouterr().out
+    assert hint in out, out
+    assert result.passed is (hint == "correct!")
+
+
+def test_causal_bug_fix_called_the_old_way(capsys):  # only the function: the order is named
+    assert ex.check_causal_bug_fix(causal_triu(1)).passed is False
+    assert "pass your prediction first" in capsys.readouterr().out
+
+
+def test_causal_bug_fix_not_attempted(capsys):
+    assert ex.check_causal_bug_fix(None, stub).passed is None
+    assert "moved_outputs is still None" in capsys.readouterr().out
+    assert ex.check_causal_bug_fix(MOVED, stub).passed is None  # the prediction alone
+    assert "stub still returns None" in capsys.readouterr().out
 
 
 def test_an_exception_names_the_input_that_caused_it(capsys):
@@ -224,5 +370,5 @@ def test_an_exception_names_the_input_that_caused_it(capsys):
     def causal_needs_square(Q, K, V):
         return np.linalg.inv(V) @ V
 
-    ex.check_causal_bug_fix(causal_needs_square)
+    ex.check_causal_bug_fix(MOVED, causal_needs_square)
     assert "on Q, K of shape (5, 4) and V of shape (5, 3)" in capsys.readouterr().out

@@ -14,11 +14,13 @@ import torch
 from torch import nn
 
 from ._core import (
+    _arr,
     _call,
     _checker,
     _close,
     _diagnose,
     _maxdiff,
+    _NotAttempted,
     _rng,
     _shape,
     _softmax,
@@ -28,6 +30,7 @@ from .nb01 import _numbers, _row_order_hint, _scalar
 
 __all__ = [
     "check_sliding_window_attention",
+    "check_window_pairs",
     "check_expected_empty_rows",
     "check_causal_bug_fix",
 ]
@@ -210,6 +213,67 @@ def check_sliding_window_attention(SlidingWindowAttention):
 
 
 # --------------------------------------------------------------------------------------------
+# 3.1 (b) How many (query, key) pairs does the band allow?
+_PAIRS_CASES = ((6, 3), (10, 1), (4, 6), (5, 5), (7, 2), (4096, 1024))  # (T, window)
+
+
+def _pairs(T: int, window: int) -> int:
+    """The number of True entries of the (T, T) band: query i sees min(i + 1, window) keys."""
+    return int(sum(min(i + 1, window) for i in range(T)))
+
+
+def _pairs_candidates(T: int, w: int) -> list[tuple[str, float]]:
+    """(hint, value) for the typical wrong counts; the right one is sum_i min(i + 1, w)."""
+    return [
+        ("that is T * window: every query gets `window` keys, but the first ones have fewer "
+         "(query i, 0-based, has only i + 1 keys before the window is full)", float(T * w)),
+        ("that is the plain causal count T(T + 1)/2; the window removes the keys `window` or "
+         "more steps back", float(T * (T + 1) // 2)),
+        ("right while window <= T, but when window > T the band is the whole causal triangle: "
+         "no query has `window` keys to see; clamp the window to T",
+         float(T * w - w * (w - 1) // 2)),
+        ("off by one: query i sees min(i + 1, window) keys, i - window + 1 .. i; yours counts "
+         "one key more (window + 1)", float(_pairs(T, w + 1))),
+        ("off by one: query i sees min(i + 1, window) keys, i - window + 1 .. i; yours counts "
+         "one key less: each query also sees itself", float(_pairs(T, w) - T)),
+        ("that counts the pairs the mask HIDES (its False entries); count the allowed ones",
+         float(T * T - _pairs(T, w))),
+        ("T * T is attention without any mask; count only the True entries of the band",
+         float(T * T)),
+    ]
+
+
+@_checker
+def check_window_pairs(allowed_pairs):
+    """Exercise 3.1 (b): ``allowed_pairs(T, window)`` -> the number of (query, key) pairs a
+    ``(T, T)`` sliding-window mask allows (its True entries): ``sum_i min(i + 1, window)``."""
+    got, want = [], []
+    for T, w in _PAIRS_CASES:
+        got.append(_scalar(_call(allowed_pairs, T, w, name="allowed_pairs",
+                                 on_error=f"called with T = {T}, window = {w}"),
+                           f"allowed_pairs({T}, {w})"))
+        want.append(float(_pairs(T, w)))
+    got_a, want_a = np.array(got), np.array(want)
+    if np.array_equal(got_a, want_a):
+        return ("about T * window pairs once T >> window: linear in T, where the causal "
+                "triangle has T(T + 1)/2.")
+    columns = list(zip(*(_pairs_candidates(T, w) for T, w in _PAIRS_CASES), strict=True))
+    for column in columns:
+        if np.array_equal(got_a, np.array([v for _, v in column])):
+            raise _Wrong(column[0][0])
+    k = int(np.argmax(got_a != want_a))
+    T, w = _PAIRS_CASES[k]
+    if w == 1 and got_a[k] != T:
+        raise _Wrong(f"for T = {T}, window = 1 you return {got_a[k]:g}: with a window of one "
+                     f"key each query sees only itself, so there are T = {T} pairs")
+    if w >= T:
+        raise _Wrong(f"for T = {T}, window = {w} (window >= T) you return {got_a[k]:g}: then "
+                     "no key is too far back and the band is the whole causal triangle")
+    raise _Wrong(f"for T = {T}, window = {w} you return {got_a[k]:g}: count, for each query "
+                 "i, the keys it may see (at most `window`, at most i + 1), and add them up")
+
+
+# --------------------------------------------------------------------------------------------
 # 3.2 Predict, then measure: how many queries does attention dropout leave with nothing?
 # --------------------------------------------------------------------------------------------
 _EMPTY_CASES = ((6, 0.5), (10, 0.1), (3, 0.8), (1, 0.3), (8, 0.6))  # (T, p)
@@ -278,14 +342,70 @@ def check_expected_empty_rows(expected_empty_rows):
 
 
 # --------------------------------------------------------------------------------------------
-# 3.3 The leaky causal attention
+# 3.3 The leaky causal attention: predict what it leaks, then fix it
 # --------------------------------------------------------------------------------------------
 def _leaky_causal_attention(Q, K, V):
-    """The buggy implementation shown in notebook 03 (marks the *past* as the future)."""
+    """The buggy implementation shown in notebook 03: ``np.triu(..., k=2)`` hides j >= i + 2
+    only, so query i still sees the next token i + 1."""
     T, d_k = Q.shape
     scores = Q @ K.T / np.sqrt(d_k)
-    future = np.tril(np.ones((T, T), dtype=bool), k=-1)
+    future = np.triu(np.ones((T, T), dtype=bool), k=2)
     return _softmax(np.where(future, -np.inf, scores)) @ V
+
+
+_LEAK_T = 6  # the prediction: which outputs of the buggy code move when token T - 1 changes
+
+
+def _moved_prediction(moved_outputs) -> set[int]:
+    """The learner's predicted output indices as a set of ints, or a hint naming the problem."""
+    if callable(moved_outputs) and not isinstance(moved_outputs, (np.ndarray, torch.Tensor)):
+        raise _Wrong("moved_outputs: give the output indices themselves (a list such as "
+                     "[0, 2]), not a function")
+    if isinstance(moved_outputs, (str, bytes)):
+        raise _Wrong(f"moved_outputs should be a list of output indices, not the text "
+                     f"{moved_outputs!r}")
+    if isinstance(moved_outputs, (int, np.integer)) and not isinstance(moved_outputs, bool):
+        moved_outputs = [moved_outputs]
+    a = _arr(list(moved_outputs) if isinstance(moved_outputs, (set, frozenset))
+             else moved_outputs, "moved_outputs").reshape(-1)
+    if a.dtype == np.bool_:
+        raise _Wrong("moved_outputs should list the indices of the outputs that move (such as "
+                     "[0, 2]), not one True/False per output")
+    if not np.all(a == np.round(a)):
+        raise _Wrong(f"moved_outputs should hold whole numbers, output indices 0 .. "
+                     f"{_LEAK_T - 1}; got {a.tolist()}")
+    return {int(v) for v in a}
+
+
+def _check_moved_prediction(moved_outputs) -> None:
+    T = _LEAK_T
+    if moved_outputs is None:
+        raise _NotAttempted("moved_outputs is still None: first predict which outputs of "
+                            "leaky_causal_attention move when only the last token changes")
+    got = _moved_prediction(moved_outputs)
+    right = {T - 2, T - 1}
+    if got == right:
+        return
+    if got == {T - 1, T}:
+        raise _Wrong(f"indices are 0-based: the {T} outputs are 0 .. {T - 1}")
+    for hint, value in (
+        (f"that is what correct causal attention does; this mask hides j >= i + 2 only "
+         f"(np.triu(..., k=2)), so query {T - 2} may still see key {T - 1}", {T - 1}),
+        (f"output {T - 1} moves too: query {T - 1} sees key {T - 1}, itself", {T - 2}),
+        ("that would be attention with no mask at all; this mask still hides keys j >= i + 2, "
+         f"so queries 0 .. {T - 3} never see key {T - 1}", set(range(T))),
+        ("np.triu(..., k=2) starts two places above the diagonal: it hides j >= i + 2, so "
+         f"query i sees keys up to i + 1 (one future token, not two): only queries {T - 2} and "
+         f"{T - 1} see key {T - 1}", {T - 3, T - 2, T - 1}),
+        (f"the question is about the last token (position {T - 1}); changing it moves the "
+         "outputs whose queries may see it, and they sit at the end, not the start", {0, 1}),
+    ):
+        if got == value:
+            raise _Wrong(f"moved_outputs = {sorted(got)}: {hint}")
+    if not got <= set(range(T)):
+        raise _Wrong(f"moved_outputs = {sorted(got)}: the outputs are numbered 0 .. {T - 1}")
+    raise _Wrong(f"moved_outputs = {sorted(got)}: output i moves when query i may see key "
+                 f"{T - 1}; with this mask query i sees the keys j <= i + 1")
 
 
 def _causal_reference(Q, K, V, scale=True, after=False, axis=-1, mult=False, allowed=None,
@@ -304,9 +424,15 @@ def _causal_reference(Q, K, V, scale=True, after=False, axis=-1, mult=False, all
 
 
 @_checker
-def check_causal_bug_fix(causal_attention):
-    """Exercise 3.3: ``causal_attention(Q, K, V)`` -> ``(T, d_v)`` outputs where query i uses keys
-    j <= i only. Q, K: NumPy ``(T, d_k)``; V: ``(T, d_v)``; Q, K and V are left unchanged."""
+def check_causal_bug_fix(moved_outputs, causal_attention=None):
+    """Exercise 3.3: ``moved_outputs``, the 0-based indices of the outputs of the buggy
+    ``leaky_causal_attention`` that change when only the last of 6 tokens changes (predicted);
+    ``causal_attention(Q, K, V)`` -> ``(T, d_v)`` outputs where query i uses keys j <= i only.
+    Q, K: NumPy ``(T, d_k)``; V: ``(T, d_v)``; Q, K and V are left unchanged."""
+    if causal_attention is None and callable(moved_outputs):
+        raise _Wrong("pass your prediction first, then the function: "
+                     "check_causal_bug_fix(moved_outputs, causal_attention)")
+    _check_moved_prediction(moved_outputs)
     rng = _rng(302)
     for T, d_k, d_v in ((5, 4, 3), (6, 2, 2), (7, 3, 3), (1, 3, 2)):
         Q, K, V = rng.normal(size=(T, d_k)), rng.normal(size=(T, d_k)), rng.normal(size=(T, d_v))
@@ -328,9 +454,15 @@ def check_causal_bug_fix(causal_attention):
         _row_order_hint(got, ref)
         i, j = np.arange(T)[:, None], np.arange(T)[None, :]
         _diagnose(_nan_as_zero(got), [
-            ("still the original bug: the mask marks the past (j < i) as forbidden, so each "
-             "token sees itself and the FUTURE; the future is j > i: np.triu(..., k=1)",
-             _leaky_causal_attention(Q, K, V)),
+            ("still the original bug: np.triu(..., k=2) starts two places above the diagonal, "
+             "so it hides j >= i + 2 only and each query still sees the NEXT token i + 1; the "
+             "future is j > i: np.triu(..., k=1)", _leaky_causal_attention(Q, K, V)),
+            ("k moved the wrong way: np.triu(..., k=3) hides j >= i + 3 only, so each query "
+             "sees two future tokens; the future starts one place above the diagonal: "
+             "np.triu(..., k=1)", _causal_reference(Q, K, V, allowed=j <= i + 2)),
+            ("your mask hides the past (np.tril(..., k=-1) marks j < i) and keeps the future: "
+             "each token sees itself and what comes AFTER it; the future is j > i: "
+             "np.triu(..., k=1)", _causal_reference(Q, K, V, allowed=j >= i)),
             ("the mask hides the diagonal too: np.triu(..., k=0) marks j >= i, so token i "
              "cannot see itself (and token 0 sees nothing at all); the future starts one above "
              "the diagonal: np.triu(..., k=1)", _causal_reference(Q, K, V, allowed=j < i)),
@@ -368,4 +500,5 @@ def check_causal_bug_fix(causal_attention):
             raise _Wrong(f"future leaked: the output of token {leaked[0]} changed when only the "
                          f"last token (position {T - 1}) changed; keys j > i must get weight 0")
         raise _Wrong(f"the output differs from causal attention by up to {_maxdiff(got, ref)}")
-    return "no token sees the future any more."
+    return ("no token sees the future any more: np.triu(..., k=1) starts the future one place "
+            "above the diagonal.")

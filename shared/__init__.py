@@ -13,6 +13,7 @@
 - ``shared.llama``: a LLaMA/Mistral-style attention layer (RoPE + GQA + KV cache, bias-free
   projections), equal to ``transformers``' ``LlamaAttention`` (08).
 - ``shared.pretrained``: all-MiniLM-L6-v2 from scratch on the course's attention (09).
+- ``shared.flex``: FlexAttention mask_mods/score_mods, dense masks and tile maps (11).
 - ``shared.flash_backward``: FlashAttention's backward pass as an autograd function (recompute P
   from Q, K and the logsumexp), and the bytes autograd keeps (10).
 - ``shared.plotting``, ``shared.checks``, ``shared.data``, ``shared.exercises``: pictures, checks,

@@ -136,5 +136,7 @@ site-venv: $(SITE_STAMP)  ## create .venv-site with the book site's pinned packa
 html: $(SITE_STAMP)  ## build the book site (Jupyter Book: contents, search, launch buttons, offline math) into site/
 	$(SITE_VENV)/bin/python -m tools.site --out site
 
-bench: $(STAMP)  ## time NumPy / naive / SDPA / tiled attention at large sizes -> benchmarks/results-<device>.md
+bench: $(STAMP)  ## time attention at large sizes (05), a training step (10), compiled FlexAttention (11) -> benchmarks/
 	$(BIN)/python -m tools.bench
+	$(BIN)/python -m tools.bench_backward
+	$(BIN)/python -m tools.bench --flex

@@ -168,7 +168,8 @@ def test_make_lab_stops_on_the_first_ctrl_c(tmp_path, ordinary_user, sigint_igno
     within seconds: no confirmation prompt, whoever started it, even if SIGINT was inherited as
     ignored (a background job of a non-interactive shell)."""
     with running_lab(tmp_path, ordinary_user, sigint_ignored) as (proc, port, _):
-        server_pids = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+        servers = psutil.Process(proc.pid).children(recursive=True)
+        server_pids = [p.pid for p in servers]
         if ordinary_user:
             uids = {p.uids().effective for p in psutil.Process(proc.pid).children(recursive=True)}
             assert 0 not in uids, f"the server runs as root: {uids}"
@@ -177,6 +178,9 @@ def test_make_lab_stops_on_the_first_ctrl_c(tmp_path, ordinary_user, sigint_igno
             proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
             pytest.fail("make lab was still running 15 s after one Ctrl-C")
+        # make may exit before the server it started has finished its clean-up
+        _, alive = psutil.wait_procs(servers, timeout=15)
+        assert not alive, f"the server was still running 15 s after one Ctrl-C: {alive}"
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", port)) != 0, "the server still answers after Ctrl-C"
     if not ordinary_user:  # started with Jupyter's default locations: nothing in the home folder

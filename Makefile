@@ -65,8 +65,10 @@ lab: export JUPYTER_RUNTIME_DIR ?= $(JUPYTER_HOME)/runtime
 lab: export JUPYTER_CONFIG_DIR ?= $(JUPYTER_HOME)/config
 lab: export JUPYTER_DATA_DIR ?= $(JUPYTER_HOME)/data
 lab: export IPYTHONDIR ?= $(JUPYTER_HOME)/ipython
+# No language-server autodetection: the course installs none, and the search runs npm, which
+# writes its logs to ~/.npm.
 lab: $(STAMP)  ## start JupyterLab on notebooks/ (localhost only, with its access token)
-	$(BIN)/python -m tools.lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=notebooks --ServerApp.answer_yes=True $(ALLOW_ROOT) $(LAB_ARGS)
+	$(BIN)/python -m tools.lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=notebooks --ServerApp.answer_yes=True --LanguageServerManager.autodetect=False $(ALLOW_ROOT) $(LAB_ARGS)
 
 # The browser test runs when a Chromium and its driver are found (else it is skipped, saying how to
 # enable it); with CI=true it is required. `make browser` installs Debian's; CI calls it first.

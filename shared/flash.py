@@ -103,6 +103,23 @@ def _mask_tile(mask: torch.Tensor, q0: int, q1: int, k0: int, k1: int) -> torch.
     return mask[..., rows, cols]
 
 
+def _batch_and_sizes(Q, K, V, mask) -> tuple[torch.Size, int, int, int, int]:
+    """``(batch, T_q, T_k, d_k, d_v)`` of checked inputs: the broadcast leading dimensions and
+    the sizes; a mask that does not fit them raises here."""
+    try:
+        batch = torch.broadcast_shapes(Q.shape[:-2], K.shape[:-2], V.shape[:-2])
+    except RuntimeError:
+        raise ValueError(
+            "the leading (batch) dimensions must broadcast; "
+            f"got Q {tuple(Q.shape)}, K {tuple(K.shape)} and V {tuple(V.shape)}"
+        ) from None
+    T_q, d_k = Q.shape[-2:]
+    T_k, d_v = V.shape[-2:]
+    if mask is not None:
+        _check_mask(mask, batch, T_q, T_k, Q.device)
+    return batch, T_q, T_k, d_k, d_v
+
+
 def tiled_attention(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, causal: bool = False,
                     block_size: int = DEFAULT_BLOCK_SIZE,
                     mask: torch.Tensor | None = None, return_lse: bool = False):
@@ -129,17 +146,7 @@ def tiled_attention(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, causal: b
         not broadcast.
     """
     _check_inputs(Q, K, V, causal, block_size, return_lse)
-    try:
-        batch = torch.broadcast_shapes(Q.shape[:-2], K.shape[:-2], V.shape[:-2])
-    except RuntimeError:
-        raise ValueError(
-            "the leading (batch) dimensions must broadcast; "
-            f"got Q {tuple(Q.shape)}, K {tuple(K.shape)} and V {tuple(V.shape)}"
-        ) from None
-    T_q, d_k = Q.shape[-2:]
-    T_k, d_v = V.shape[-2:]
-    if mask is not None:
-        _check_mask(mask, batch, T_q, T_k, Q.device)
+    batch, T_q, T_k, d_k, d_v = _batch_and_sizes(Q, K, V, mask)
     # Flatten the batch dimensions into one so every step is a single batched matmul (bmm).
     q = Q.expand(*batch, T_q, d_k).reshape(-1, T_q, d_k)
     k = K.expand(*batch, T_k, d_k).reshape(-1, T_k, d_k)

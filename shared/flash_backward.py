@@ -31,8 +31,8 @@ import torch
 
 from shared.flash import (
     DEFAULT_BLOCK_SIZE,
+    _batch_and_sizes,
     _check_inputs,
-    _check_mask,
     _mask_tile,
     tiled_attention,
 )
@@ -151,17 +151,7 @@ def flash_attention(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, causal: b
         shapes, block size, a mask that is not boolean or does not broadcast).
     """
     _check_inputs(Q, K, V, causal, block_size)
-    try:
-        batch = torch.broadcast_shapes(Q.shape[:-2], K.shape[:-2], V.shape[:-2])
-    except RuntimeError:
-        raise ValueError(
-            "the leading (batch) dimensions must broadcast; "
-            f"got Q {tuple(Q.shape)}, K {tuple(K.shape)} and V {tuple(V.shape)}"
-        ) from None
-    T_q, d_k = Q.shape[-2:]
-    T_k, d_v = V.shape[-2:]
-    if mask is not None:
-        _check_mask(mask, batch, T_q, T_k, Q.device)
+    batch = _batch_and_sizes(Q, K, V, mask)[0]
     # expand is differentiable: autograd sums the gradients back over broadcast dimensions
     Q, K, V = (x.expand(*batch, *x.shape[-2:]) for x in (Q, K, V))
     return FlashAttentionFunction.apply(Q, K, V, causal, block_size, mask)

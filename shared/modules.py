@@ -182,6 +182,21 @@ def _drop_saved_causal_mask(module: nn.Module, state_dict: dict, prefix: str,
         "what the module attends to: drop it from the state_dict or fix it")
 
 
+class _CausalMaskModule(nn.Module):
+    """A module with a causal ``mask`` buffer. The mask is derived state: rebuilt in ``__init__``
+    and kept out of the state_dict (``persistent=False``, as GPT-2's implementations do); a
+    checkpoint that carries one (the textbook's, 1 = blocked) is checked and dropped on load."""
+
+    def _register_causal_mask(self, context_length: int) -> None:
+        self.register_buffer("mask", _causal_buffer(context_length), persistent=False)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        _drop_saved_causal_mask(self, state_dict, prefix, error_msgs)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+
+
 # --------------------------------------------------------------------------------------------
 # Single-head self-attention: v1 (raw parameters) and v2 (nn.Linear)
 # --------------------------------------------------------------------------------------------
@@ -245,7 +260,7 @@ class SelfAttentionV2(nn.Module):
 # --------------------------------------------------------------------------------------------
 # Causal attention: batched, mask as a buffer, dropout on the weights
 # --------------------------------------------------------------------------------------------
-class CausalAttention(nn.Module):
+class CausalAttention(_CausalMaskModule):
     """Batched causal self-attention, one head.
 
     The mask ``(context_length, context_length)`` (True = may attend) is a registered buffer:
@@ -266,15 +281,7 @@ class CausalAttention(nn.Module):
         self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
         self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
         self.dropout = nn.Dropout(_check_dropout(dropout))
-        # derived state: rebuilt here, kept out of the state_dict (a textbook checkpoint's
-        # mask, 1 = blocked, is checked and dropped by _load_from_state_dict)
-        self.register_buffer("mask", _causal_buffer(context_length), persistent=False)
-
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
-                              unexpected_keys, error_msgs):
-        _drop_saved_causal_mask(self, state_dict, prefix, error_msgs)
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
-                                      unexpected_keys, error_msgs)
+        self._register_causal_mask(context_length)
 
     def forward(self, x: torch.Tensor, return_weights: bool = False):
         """Shapes: x ``(B, T, d_in)`` with ``T <= context_length``.
@@ -323,7 +330,7 @@ class MultiHeadAttentionWrapper(nn.Module):
         return (context, weights) if return_weights else context
 
 
-class MultiHeadAttention(nn.Module):
+class MultiHeadAttention(_CausalMaskModule):
     """Multi-head attention with one ``(d_in -> d_out)`` projection per Q/K/V, split into
     ``num_heads`` heads of ``head_dim = d_out // num_heads`` features, and an output projection
     ``out_proj`` ``(d_out -> d_out)``.
@@ -355,15 +362,7 @@ class MultiHeadAttention(nn.Module):
         self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
         self.out_proj = nn.Linear(d_out, d_out)  # combines the heads
         self.dropout = nn.Dropout(_check_dropout(dropout))
-        # derived state: rebuilt here, kept out of the state_dict (a textbook checkpoint's
-        # mask, 1 = blocked, is checked and dropped by _load_from_state_dict)
-        self.register_buffer("mask", _causal_buffer(context_length), persistent=False)
-
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
-                              unexpected_keys, error_msgs):
-        _drop_saved_causal_mask(self, state_dict, prefix, error_msgs)
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
-                                      unexpected_keys, error_msgs)
+        self._register_causal_mask(context_length)
 
     def _split_heads(self, t: torch.Tensor) -> torch.Tensor:
         """``(B, T, d_out)`` -> ``(B, num_heads, T, head_dim)``."""

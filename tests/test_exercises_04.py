@@ -269,6 +269,11 @@ def params_gpt2_formula(config):  # 4 d^2 + 4 d: right for GPT-2 only
     return 4 * d * d + (4 * d if config["attention_bias"] else 0)
 
 
+def params_other(config):  # no named mistake: W_o counted twice
+    d, H = config["hidden_size"], config["num_attention_heads"]
+    return params_ok(config) + H * (config["head_dim"] or d // H) * d
+
+
 def params_raises(config):
     return config["num_kv_heads"]  # a key the config does not have
 
@@ -318,7 +323,8 @@ CASES = [
     (ex.check_attention_parameters, (params_always_bias,), False, "no bias vectors at all"),
     (ex.check_attention_parameters, (params_o_bias_wrong,), False, "one entry per OUTPUT feature"),
     (ex.check_attention_parameters, (params_square_o,), False, "not hidden_size (they differ"),
-    (ex.check_attention_parameters, (params_gpt2_formula,), False, "which is not the count"),
+    (ex.check_attention_parameters, (params_gpt2_formula,), False, "which ignores num_key_value_heads"),
+    (ex.check_attention_parameters, (params_other,), False, "which is not the count"),
     (ex.check_attention_parameters, (params_raises,), False, "on the config {'hidden_size': 768"),
 ]
 

@@ -374,6 +374,10 @@ def _config_mistakes(cfg: dict) -> list[tuple[str, int]]:
          "to hidden_size: it has num_attention_heads * head_dim rows, not hidden_size "
          "(they differ when the config gives head_dim)",
          _layer_count(d, H, H_kv, hd, bias, o_rows=d)),
+        ("your counts are 4 * hidden_size**2 (+ 4 * hidden_size with biases), section 6's formula "
+         "for GPT-2, which ignores num_key_value_heads (W_k and W_v have num_key_value_heads * "
+         "head_dim columns) and a head_dim given by the config",
+         4 * d * d + (4 * d if bias else 0)),
         ("the heads split the projections' columns between them; a head is not a full "
          "hidden_size x hidden_size matrix", _layer_count(d, H, H_kv, hd, bias,
                                                           per_head_square=True)),

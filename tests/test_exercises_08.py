@@ -6,7 +6,6 @@ solutions here are written independently of the checkers and checked against PyT
 from __future__ import annotations
 
 import itertools
-import math
 
 import numpy as np
 import pytest
@@ -16,7 +15,9 @@ from torch.nn.attention.bias import causal_lower_right
 
 from shared import exercises as ex
 from shared.exercises import nb08
-from shared.generation import KVCache, kv_cache_bytes
+from shared.generation import KVCache, causal_mask, gqa_attention, kv_cache_bytes, positions_mask
+from shared.llama import LlamaStyleAttention
+from shared.positional import apply_rope
 
 
 def stub(*args, **kwargs):
@@ -29,52 +30,78 @@ def stub_raises(*args, **kwargs):
 
 
 # 8.1 ------------------------------------------------------------------------------------------
-def prefill_ok(Q_new, k_new, v_new, K_cache, V_cache):
-    K_cache = torch.cat([K_cache, k_new], dim=-2)
-    V_cache = torch.cat([V_cache, v_new], dim=-2)
-    out = F.scaled_dot_product_attention(Q_new, K_cache, V_cache,
-                                         attn_mask=causal_lower_right(Q_new.shape[2], K_cache.shape[2]))
-    return out, K_cache, V_cache
+def _split(layer, t, heads):
+    B, T, _ = t.shape
+    return t.view(B, T, heads, layer.head_dim).transpose(1, 2)
 
 
-def prefill_list(*args):  # a list instead of a tuple is fine
-    return list(prefill_ok(*args))
+def step_ok(layer, x, K_cache, V_cache):
+    """Written from the math, with PyTorch's own GQA (enable_gqa=True)."""
+    T, T_new = K_cache.shape[2], x.shape[1]
+    positions = T + torch.arange(T_new)
+    Q = apply_rope(_split(layer, layer.q_proj(x), layer.num_heads), positions, layer.rope_base)
+    k = apply_rope(_split(layer, layer.k_proj(x), layer.num_kv_heads), positions, layer.rope_base)
+    K_cache = torch.cat([K_cache, k], dim=2)
+    V_cache = torch.cat([V_cache, _split(layer, layer.v_proj(x), layer.num_kv_heads)], dim=2)
+    context = F.scaled_dot_product_attention(Q, K_cache, V_cache, attn_mask=causal_lower_right(T_new, T + T_new),
+                                             enable_gqa=True)
+    return layer.o_proj(context.transpose(1, 2).flatten(2)), K_cache, V_cache
 
 
-def _prefill_with_mask(mask_fn, scale=None, before=False):
-    def prefill(Q_new, k_new, v_new, K_cache, V_cache):
-        K_all, V_all = torch.cat([K_cache, k_new], dim=-2), torch.cat([V_cache, v_new], dim=-2)
-        K_att, V_att = (K_cache, V_cache) if before else (K_all, V_all)
-        T_q, T_k = Q_new.shape[2], K_att.shape[2]
-        scores = Q_new @ K_att.transpose(-2, -1) / math.sqrt(scale or Q_new.shape[-1])
-        mask = mask_fn(T_q, T_k)
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        return torch.softmax(scores, dim=-1) @ V_att, K_all, V_all
-    return prefill
+def _step(positions="ok", heads="interleave", mask="bottom_right", cache_heads="kv"):
+    """The notebook's buggy step with some of its lines changed."""
+    def llama_step(layer, x, K_cache, V_cache):
+        B, T_new, _ = x.shape
+        H, H_kv, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
+        T = K_cache.shape[2]
+        right, zero = T + torch.arange(T_new), torch.arange(T_new)
+        q_pos, k_pos = {"ok": (right, right), "zero": (zero, zero), "after": (right + T_new, right + T_new),
+                        "q_only": (right, zero)}[positions]
+        Q = apply_rope(layer.q_proj(x).view(B, T_new, H, d).transpose(1, 2), q_pos, layer.rope_base)
+        k = apply_rope(layer.k_proj(x).view(B, T_new, H_kv, d).transpose(1, 2), k_pos, layer.rope_base)
+        v = layer.v_proj(x).view(B, T_new, H_kv, d).transpose(1, 2)
+        K_cache, V_cache = torch.cat([K_cache, k], dim=2), torch.cat([V_cache, v], dim=2)
+        if heads == "interleave":
+            K, V = K_cache.repeat_interleave(H // H_kv, dim=1), V_cache.repeat_interleave(H // H_kv, dim=1)
+        else:
+            K, V = K_cache.repeat(1, H // H_kv, 1, 1), V_cache.repeat(1, H // H_kv, 1, 1)
+        if mask == "bottom_right":
+            context = F.scaled_dot_product_attention(Q, K, V, attn_mask=causal_mask(T_new, K.shape[2]))
+        elif mask == "is_causal":
+            context = F.scaled_dot_product_attention(Q, K, V, is_causal=True)
+        else:
+            context = F.scaled_dot_product_attention(Q, K, V)
+        out = layer.o_proj(context.transpose(1, 2).reshape(B, T_new, H * d))
+        return (out, K, V) if cache_heads == "repeated" else (out, K_cache, V_cache)
+    return llama_step
 
 
-prefill_top_left = _prefill_with_mask(lambda T_q, T_k: torch.ones(T_q, T_k, dtype=torch.bool).tril())
-prefill_no_mask = _prefill_with_mask(lambda T_q, T_k: None)
-prefill_no_diagonal = _prefill_with_mask(
-    lambda T_q, T_k: torch.ones(T_q, T_k, dtype=torch.bool).tril(diagonal=T_k - T_q - 1))
-prefill_before_append = _prefill_with_mask(lambda T_q, T_k: None, before=True)
-prefill_unscaled = _prefill_with_mask(
-    lambda T_q, T_k: torch.ones(T_q, T_k, dtype=torch.bool).tril(diagonal=T_k - T_q), scale=1)
+step_as_given = _step(positions="zero", heads="repeat")  # the notebook's buggy_llama_step
+step_positions_only = _step(heads="repeat")  # fixed the positions, not the heads
+step_heads_only = _step(positions="zero")  # fixed the heads, not the positions
+step_after = _step(positions="after")
+step_q_only = _step(positions="q_only")
+step_is_causal = _step(mask="is_causal")
+step_no_mask = _step(mask="none")
+step_repeated_cache = _step(cache_heads="repeated")
 
 
-def prefill_prepend(Q_new, k_new, v_new, K_cache, V_cache):
-    out, _, _ = prefill_ok(Q_new, k_new, v_new, K_cache, V_cache)
-    return out, torch.cat([k_new, K_cache], dim=-2), torch.cat([v_new, V_cache], dim=-2)
+def step_list(*args):  # a list instead of a tuple is fine
+    return list(step_ok(*args))
 
 
-def prefill_no_append(Q_new, k_new, v_new, K_cache, V_cache):
-    out, _, _ = prefill_ok(Q_new, k_new, v_new, K_cache, V_cache)
-    return out, K_cache, V_cache
+def step_out_only(*args):
+    return step_ok(*args)[0]
 
 
-def prefill_out_only(*args):
-    return prefill_ok(*args)[0]
+def llama_attention(layer, x, cache):  # the notebook's cell that uses a KVCache, copied as it is
+    B, T_new, _ = x.shape
+    positions = torch.arange(cache.seen, cache.seen + T_new)
+    Q = apply_rope(_split(layer, layer.q_proj(x), layer.num_heads), positions, layer.rope_base)
+    k = apply_rope(_split(layer, layer.k_proj(x), layer.num_kv_heads), positions, layer.rope_base)
+    K, V, k_pos = cache.update(k, _split(layer, layer.v_proj(x), layer.num_kv_heads))
+    context, _ = gqa_attention(Q, K, V, positions_mask(positions, k_pos))
+    return layer.o_proj(context.transpose(1, 2).reshape(B, T_new, -1))
 
 
 # 8.2 ------------------------------------------------------------------------------------------
@@ -244,30 +271,37 @@ NA, OK = "not attempted yet", "correct!"
 CHECKERS = list(nb08.__all__)
 C = ex
 CASES = [
-    (C.check_chunked_prefill, (prefill_ok,), True, "chunks of 3, 1, 4, 2 tokens"),
-    (C.check_chunked_prefill, (prefill_list,), True, OK),
-    (C.check_chunked_prefill, (stub,), None, NA),
-    (C.check_chunked_prefill, (stub_raises,), None, NA),
-    (C.check_chunked_prefill, (prefill_top_left,), False, "aligned top-left"),
-    (C.check_chunked_prefill, (prefill_no_mask,), False, "the future leaked"),
-    (C.check_chunked_prefill, (prefill_no_diagonal,), False, "see its own key too"),
-    (C.check_chunked_prefill, (prefill_before_append,), False, "attend AFTER appending"),
-    (C.check_chunked_prefill, (prefill_unscaled,), False, "sqrt(head_dim)"),
-    (C.check_chunked_prefill, (prefill_prepend,), False, "at the END of the cache"),
-    (C.check_chunked_prefill, (prefill_no_append,), False, "has the old shape"),
-    (C.check_chunked_prefill, (prefill_out_only,), False, "return three things"),
-    (C.check_cache_bytes, (bytes_ok,), True, "1 GiB"),
-    (C.check_cache_bytes, (stub,), None, NA),
-    (C.check_cache_bytes, (bytes_no_two,), False, "keys AND values"),
-    (C.check_cache_bytes, (bytes_query_heads,), False, "use num_key_value_heads"),
-    (C.check_cache_bytes, (bytes_hidden_over_kv,), False, "not hidden_size // num_key_value_heads"),
-    (C.check_cache_bytes, (bytes_ignores_head_dim,), False, "when a config gives head_dim, it wins"),
-    (C.check_cache_bytes, (bytes_elements,), False, "number of elements"),
-    (C.check_cache_bytes, (bytes_hidden_size,), False, "not hidden_size"),
-    (C.check_cache_bytes, (bytes_always_two,), False, "do not assume 2"),
-    (C.check_cache_bytes, (bytes_no_batch,), False, "multiply by batch_size"),
-    (C.check_cache_bytes, (bytes_gib,), False, "not GiB"),
-    (C.check_cache_bytes, (bytes_key_error,), False, "config.get('num_key_value_heads'"),
+    (C.check_llama_step_fix, (step_ok,), True, "3 decode steps equal the layer"),
+    (C.check_llama_step_fix, (step_list,), True, OK),
+    (C.check_llama_step_fix, (stub,), None, NA),
+    (C.check_llama_step_fix, (stub_raises,), None, NA),
+    (C.check_llama_step_fix, (step_as_given,), False, "as if each pass started the text again"),
+    (C.check_llama_step_fix, (step_positions_only,), False, "Tensor.repeat cycles"),
+    (C.check_llama_step_fix, (step_heads_only,), False, "K_cache.shape[2] + torch.arange(T_new)"),
+    (C.check_llama_step_fix, (step_after,), False, "cached BEFORE this pass"),
+    (C.check_llama_step_fix, (step_q_only,), False, "new keys are still rotated"),
+    (C.check_llama_step_fix, (step_is_causal,), False, "aligned top-left"),
+    (C.check_llama_step_fix, (step_no_mask,), False, "see the pass's later tokens"),
+    (C.check_llama_step_fix, (step_repeated_cache,), False, "cache the 2 key/value heads"),
+    (C.check_llama_step_fix, (step_out_only,), False, "return three things"),
+    (C.check_llama_step_fix, (llama_attention,), False, "llama_attention raised TypeError"),
+    (C.check_cache_bytes, (bytes_ok, 3.5), True, "1 GiB"),
+    (C.check_cache_bytes, (stub, 3.5), None, NA),
+    (C.check_cache_bytes, (bytes_ok, None), None, "gemma_7b_gib is still None"),
+    (C.check_cache_bytes, (bytes_ok, 2.625), True, "192 dimensions per head"),
+    (C.check_cache_bytes, (bytes_ok, 3.5), True, "as you predicted"),
+    (C.check_cache_bytes, (bytes_ok, 7), True, "you predicted 7 GiB"),
+    (C.check_cache_bytes, (bytes_ok, "3.5"), False, "should be a number of GiB"),
+    (C.check_cache_bytes, (bytes_no_two, 3.5), False, "keys AND values"),
+    (C.check_cache_bytes, (bytes_query_heads, 3.5), False, "use num_key_value_heads"),
+    (C.check_cache_bytes, (bytes_hidden_over_kv, 3.5), False, "not hidden_size // num_key_value_heads"),
+    (C.check_cache_bytes, (bytes_ignores_head_dim, 3.5), False, "when a config gives head_dim, it wins"),
+    (C.check_cache_bytes, (bytes_elements, 3.5), False, "number of elements"),
+    (C.check_cache_bytes, (bytes_hidden_size, 3.5), False, "not hidden_size"),
+    (C.check_cache_bytes, (bytes_always_two, 3.5), False, "do not assume 2"),
+    (C.check_cache_bytes, (bytes_no_batch, 3.5), False, "multiply by batch_size"),
+    (C.check_cache_bytes, (bytes_gib, 3.5), False, "not GiB"),
+    (C.check_cache_bytes, (bytes_key_error, 3.5), False, "config.get('num_key_value_heads'"),
     (C.check_sink_ring_cache, (RingOK,), True, "sink + band mask"),
     (C.check_sink_ring_cache, (RingCat,), True, OK),
     (C.check_sink_ring_cache, (RingStub,), None, NA),
@@ -353,17 +387,47 @@ def test_cache_bytes_mistakes_are_told_apart_on_the_hidden_cases():
         assert va != vb, (a, b)
 
 
+def test_llama_step_mistakes_are_told_apart_on_the_hidden_cases():
+    """Every combination of the hinted mistakes (positions x heads x mask) gives outputs that
+    differ from the right ones and from every other combination on the hidden cases, so a hint
+    never names a mistake the answer does not make; the checker's own reference equals
+    LlamaStyleAttention on the whole sequence."""
+    combos = list(itertools.product(*nb08._STEP_OPTIONS.values()))
+    assert len(combos) == 30
+    outputs = {c: [] for c in combos}
+    for W, x, passes, H, H_kv, base in nb08._step_cases():
+        for c in combos:
+            out, K, _ = nb08._llama_passes(W, x, passes, H, H_kv, base,
+                                           **dict(zip(nb08._STEP_OPTIONS, c, strict=True)))
+            outputs[c] += [out, K]  # the checker compares the outputs and the cached keys
+        layer = LlamaStyleAttention(x.shape[2], H, H_kv, rope_base=base).double().eval()
+        with torch.no_grad():
+            for name in "qkvo":
+                getattr(layer, f"{name}_proj").weight.copy_(torch.from_numpy(W[name]))
+            assert np.allclose(outputs[("ok", "ok", "ok")][-2], layer(torch.from_numpy(x)).numpy())
+    for a, b in itertools.combinations(combos, 2):
+        assert not all(np.allclose(u, v, atol=1e-6, rtol=1e-5)
+                       for u, v in zip(outputs[a], outputs[b], strict=True)), (a, b)
+
+
 def test_reference_solutions_agree_with_independent_facts():
-    # chunked prefill: the rows of PyTorch's full causal attention
-    gen = torch.Generator().manual_seed(0)
-    Q, K, V = (torch.randn(1, 2, 9, 4, generator=gen, dtype=torch.float64) for _ in range(3))
-    Kc, Vc, outs, t = K[:, :, :2], V[:, :, :2], [], 2
-    for n in (3, 1, 3):
-        out, Kc, Vc = prefill_ok(Q[:, :, t:t + n], K[:, :, t:t + n], V[:, :, t:t + n], Kc, Vc)
-        outs.append(out)
-        t += n
-    full = F.scaled_dot_product_attention(Q, K, V, is_causal=True)
-    assert torch.allclose(torch.cat(outs, dim=2), full[:, :, 2:])
+    # the fixed step, pass by pass (prefill 4, chunk 2, 3 steps), = LlamaStyleAttention on all
+    # tokens at once (itself checked against transformers' LlamaAttention in test_llama.py)
+    torch.manual_seed(0)
+    layer = LlamaStyleAttention(24, num_heads=6, num_kv_heads=2).double().eval()
+    x = torch.randn(2, 9, 24, dtype=torch.float64)
+    Kc = Vc = torch.zeros(2, 2, 0, 4, dtype=torch.float64)
+    outs = []
+    with torch.no_grad():
+        for a, b in ((0, 4), (4, 6), (6, 7), (7, 8), (8, 9)):
+            out, Kc, Vc = step_ok(layer, x[:, a:b], Kc, Vc)
+            outs.append(out)
+        assert torch.allclose(torch.cat(outs, dim=1), layer(x))
+        # and the buggy step passes the test its author ran: one pass from an empty cache with
+        # as many key/value heads as query heads
+        mha = LlamaStyleAttention(24, num_heads=6).double().eval()
+        empty = torch.zeros(2, 6, 0, 4, dtype=torch.float64)
+        assert torch.allclose(step_as_given(mha, x, empty, empty)[0], mha(x))
     # Llama-2-7B, 4096 tokens, float16: 2 GiB (512 KiB per token); Gemma-7B's config.json
     # (28 layers, 16 heads of head_dim 256): 3.5 GiB at 8192 tokens
     llama2 = {"num_hidden_layers": 32, "num_attention_heads": 32, "hidden_size": 4096}
@@ -390,7 +454,7 @@ def test_reference_solutions_agree_with_independent_facts():
 def test_checkers_leave_the_global_random_state_alone(capsys):
     torch.manual_seed(7)
     np.random.seed(7)  # noqa: NPY002 - the legacy global state is what we check
-    ex.check_chunked_prefill(prefill_ok)
+    ex.check_llama_step_fix(step_ok)
     ex.check_sink_ring_cache(RingOK)
     capsys.readouterr()
     after_torch, after_np = torch.rand(3), np.random.random(3)  # noqa: NPY002

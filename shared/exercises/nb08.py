@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import torch
 
@@ -11,6 +13,7 @@ from ._core import (
     _checker,
     _close,
     _maxdiff,
+    _NotAttempted,
     _rng,
     _shape,
     _softmax,
@@ -19,7 +22,7 @@ from ._core import (
 )
 
 __all__ = [
-    "check_chunked_prefill",
+    "check_llama_step_fix",
     "check_cache_bytes",
     "check_sink_ring_cache",
     "check_crossover_context",
@@ -38,73 +41,155 @@ def _tril(T_q, T_k, diagonal):
 
 
 # --------------------------------------------------------------------------------------------
-# 8.1 Chunked prefill through a cache
+# 8.1 Find the bugs: a LLaMA-style step with its own cache
 # --------------------------------------------------------------------------------------------
-@_checker
-def check_chunked_prefill(prefill_chunk):
-    """``prefill_chunk(Q_new, k_new, v_new, K_cache, V_cache)`` -> ``(out, K_cache, V_cache)``:
-    append the chunk's ``k_new``, ``v_new`` ``(B, H, T_new, d)`` at the end of the caches
-    ``(B, H, T, d)`` and attend with the ``T_new`` queries under the bottom-right causal mask;
-    chunks in a row must equal full causal attention recomputed over all tokens."""
+# The ways a step can go wrong that the checker names. Positions of the new tokens: "ok"
+# (T + arange(T_new), T = tokens cached before this pass), "zero" (arange(T_new): the planted
+# bug), "after" (read T after appending), and one of queries/keys still at arange(T_new).
+# Key/value heads for the query heads: "ok" (interleaved, h // g) or "cycle" (Tensor.repeat:
+# the planted bug). Mask: "ok" (bottom-right), "top_left" (is_causal=True), "none".
+_STEP_HINTS = {
+    ("pos", "zero"): "the new tokens are rotated at positions 0 .. T_new-1 in every pass, as if "
+                     "each pass started the text again: a token's position is the number of "
+                     "tokens cached before it plus its place in the pass, K_cache.shape[2] + "
+                     "torch.arange(T_new) (a prefill from an empty cache cannot show this)",
+    ("pos", "after"): "the positions start at the number of tokens cached BEFORE this pass: take "
+                      "K_cache.shape[2] before appending the new keys",
+    ("pos", "q_only"): "the queries are rotated at the right positions but the new keys are "
+                       "still rotated at 0 .. T_new-1: rotate both at K_cache.shape[2] + "
+                       "torch.arange(T_new)",
+    ("pos", "k_only"): "the new keys are rotated at the right positions but the queries are "
+                       "still rotated at 0 .. T_new-1: rotate both at K_cache.shape[2] + "
+                       "torch.arange(T_new)",
+    ("heads", "cycle"): "Tensor.repeat cycles the key/value heads (0, 1, 0, 1, ...), so query "
+                        "head h reads head h % H_kv; it must read head h // g, g = H // H_kv: "
+                        "repeat_interleave(g, dim=1) (or F.scaled_dot_product_attention(..., "
+                        "enable_gqa=True) on the H_kv heads)",
+    ("mask", "top_left"): "the mask is aligned top-left (is_causal=True): new query i sits at "
+                          "position T + i and may see keys j <= T + i; use the bottom-right "
+                          "causal_mask(T_new, T + T_new)",
+    ("mask", "none"): "without a mask, the queries of a pass of several tokens see the pass's "
+                      "later tokens: keep the bottom-right causal_mask(T_new, T + T_new)",
+}
+_STEP_OPTIONS = {"pos": ("ok", "zero", "after", "q_only", "k_only"), "heads": ("ok", "cycle"),
+                 "mask": ("ok", "top_left", "none")}
+
+
+def _rope(x: np.ndarray, positions: np.ndarray, base: float) -> np.ndarray:
+    """Half-split RoPE (Hugging Face's LLaMA convention) of ``x`` ``(..., T, d)`` at
+    ``positions`` ``(T,)`` (NumPy, float64)."""
+    half = x.shape[-1] // 2
+    angles = positions[:, None] * base ** (-np.arange(half) / half)  # (T, d/2)
+    cos, sin = np.cos(angles), np.sin(angles)
+    x1, x2 = x[..., :half], x[..., half:]
+    return np.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
+
+
+def _llama_passes(W, x, passes, H, H_kv, base, pos="ok", heads="ok", mask="ok"):
+    """Run a LLaMA-style attention layer (``W``: q, k, v, o weights as ``(out, in)`` arrays) pass
+    by pass over ``x`` ``(B, T_all, hidden)`` with a growing cache, making the given mistakes.
+    Returns the outputs of all passes, concatenated ``(B, T_all, hidden)``, and the final
+    cache ``(K, V)``."""
+    B, _, _ = x.shape
+    d = W["q"].shape[0] // H
+    g = H // H_kv
+    K_c, V_c = np.zeros((B, H_kv, 0, d)), np.zeros((B, H_kv, 0, d))
+    outs = []
+    for a, b in passes:
+        n, T = b - a, K_c.shape[2]
+        right, zero = T + np.arange(n), np.arange(n)
+        q_pos, k_pos = {"ok": (right, right), "zero": (zero, zero), "after": (right + n, right + n),
+                        "q_only": (right, zero), "k_only": (zero, right)}[pos]
+        xs = x[:, a:b]
+        Q, k, v = (y.reshape(B, n, h, d).transpose(0, 2, 1, 3) for y, h in
+                   ((xs @ W["q"].T, H), (xs @ W["k"].T, H_kv), (xs @ W["v"].T, H_kv)))
+        Q, k = _rope(Q, q_pos, base), _rope(k, k_pos, base)
+        K_c, V_c = np.concatenate([K_c, k], axis=2), np.concatenate([V_c, v], axis=2)
+        idx = np.arange(H) // g if heads == "ok" else np.arange(H) % H_kv
+        allowed = {"ok": _tril(n, T + n, T), "top_left": _tril(n, T + n, 0),
+                   "none": np.ones((n, T + n), dtype=bool)}[mask]
+        ctx = _masked_attend(Q, K_c[:, idx], V_c[:, idx], allowed)  # (B, H, n, d)
+        outs.append(ctx.transpose(0, 2, 1, 3).reshape(B, n, H * d) @ W["o"].T)
+    return np.concatenate(outs, axis=1), K_c, V_c
+
+
+def _step_cases():
+    """The hidden cases: (weights, x, passes, H, H_kv, rope base); a prefill, a chunk, then
+    decode steps; grouped-query (g = 3) and multi-query heads."""
     rng = _rng(801)
-    B, H, d, T0, chunks = 2, 3, 8, 2, (3, 1, 4, 2)  # d = 8: never a number of cached tokens
-    T_all = T0 + sum(chunks)
-    Q, K, V = (rng.normal(size=(B, H, T_all, d)) for _ in range(3))
-    full = _masked_attend(Q, K, V, _tril(T_all, T_all, 0))  # the reference: all tokens at once
-    K_cache, V_cache, t = K[:, :, :T0].copy(), V[:, :, :T0].copy(), T0
-    for n in chunks:
-        q, k, v = Q[:, :, t:t + n], K[:, :, t:t + n], V[:, :, t:t + n]
-        ans = _call(prefill_chunk, _t(q.copy()), _t(k.copy()), _t(v.copy()), _t(K_cache.copy()),
-                    _t(V_cache.copy()), name="prefill_chunk",
-                    on_error="shapes: Q_new, k_new, v_new are (B, H, T_new, head_dim) and the "
-                             "caches (B, H, T, head_dim); append along the tokens, dim=-2")
-        if isinstance(ans, torch.Tensor) or not isinstance(ans, (tuple, list)) or len(ans) != 3:
-            raise _Wrong("return three things, (out, K_cache, V_cache): the output and the grown "
-                         "caches, so that the next chunk can use them")
-        out, K_new, V_new = (_arr(a, what) for a, what in
-                             zip(ans, ("out", "K_cache", "V_cache"), strict=True))
-        T = K_cache.shape[2]
-        for got, old, new, what in ((K_new, K_cache, k, "K_cache"), (V_new, V_cache, v, "V_cache")):
-            if got.shape == old.shape:
-                raise _Wrong(f"the returned {what} has the old shape {got.shape}: append this "
-                             "chunk's keys and values to the cache (torch.cat along dim=-2)")
-            _shape(got, (B, H, T + n, d), what, "(B, H, T + T_new, head_dim)")
-            if _close(got, np.concatenate([new, old], axis=2)):
-                raise _Wrong(f"{what}: put the new tokens at the END of the cache "
-                             "(torch.cat([K_cache, k_new], dim=-2)): the cache keeps the tokens in "
-                             "order, and the bottom-right mask relies on it")
-            if not _close(got, np.concatenate([old, new], axis=2)):
-                raise _Wrong(f"{what} should be the old cache with this chunk's tokens appended "
-                             f"(max abs diff {_maxdiff(got, np.concatenate([old, new], axis=2))})")
-        _shape(out, (B, H, n, d), "out", "(B, H, T_new, head_dim): one row per new query")
-        ref = full[:, :, t:t + n]
-        if not _close(out, ref):
-            Kn, Vn, T_k = K_new, V_new, T + n
-            cands = [
-                ("the mask is aligned top-left (what is_causal=True and torch.ones(T_q, T_k)"
-                 ".tril() build): new query i sits at position T + i, so it may see keys "
-                 "j <= T + i; build the mask bottom-right, tril(diagonal=T_k - T_q)",
-                 _masked_attend(q, Kn, Vn, _tril(n, T_k, 0))),
-                ("the future leaked: without a mask, the first queries of the chunk see the "
-                 "chunk's later tokens; use the bottom-right causal mask",
-                 _masked_attend(q, Kn, Vn, np.ones((n, T_k), dtype=bool))),
-                ("each query must see its own key too: the diagonal of the bottom-right mask "
-                 "(j == T + i) is allowed, tril(diagonal=T_k - T_q), not T_k - T_q - 1",
-                 _masked_attend(q, Kn, Vn, _tril(n, T_k, T_k - n - 1))),
-                ("attend AFTER appending: the chunk's own keys and values belong in the softmax "
-                 "too", _masked_attend(q, K_cache, V_cache, np.ones((n, T), dtype=bool))),
-                ("divide the scores by sqrt(head_dim) before the softmax",
-                 _masked_attend(q * np.sqrt(d), Kn, Vn, _tril(n, T_k, T_k - n))),
-            ]
-            for hint, value in cands:
-                if _close(out, value):
-                    raise _Wrong(hint)
-            raise _Wrong(f"a chunk of {n} queries on top of {T} cached tokens differs from full "
-                         f"causal attention recomputed over all {T_k} tokens by up to "
-                         f"{_maxdiff(out, ref)}")
-        K_cache, V_cache, t = K_new, V_new, t + n
-    return (f"chunks of {', '.join(map(str, chunks))} tokens on top of a {T0}-token cache, each "
-            "equal to the matching rows of full causal attention.")
+    cases = []
+    for hidden, H, H_kv, base in ((24, 6, 2, 10000.0), (16, 4, 1, 500.0)):
+        d = hidden // H
+        W = {"q": rng.normal(0, 0.6, (H * d, hidden)), "k": rng.normal(0, 0.6, (H_kv * d, hidden)),
+             "v": rng.normal(size=(H_kv * d, hidden)), "o": rng.normal(size=(hidden, H * d))}
+        x = rng.normal(size=(2, 9, hidden))
+        cases.append((W, x, ((0, 4), (4, 6), (6, 7), (7, 8), (8, 9)), H, H_kv, base))
+    return cases
+
+
+@_checker
+def check_llama_step_fix(llama_step):
+    """``llama_step(layer, x, K_cache, V_cache)`` -> ``(out, K_cache, V_cache)``: one pass of a
+    ``shared.llama.LlamaStyleAttention`` ``layer`` over the new tokens ``x`` ``(B, T_new,
+    hidden_size)``, given the rotated keys and the values of the ``T`` earlier tokens ``(B, H_kv,
+    T, head_dim)``; ``out`` ``(B, T_new, hidden_size)``, the caches with the new tokens appended.
+    Run pass by pass (a prefill, a chunk of 2, then decode steps, each pass fed the caches the
+    previous one returned), the outputs must equal the layer on the whole sequence at once."""
+    from shared.llama import LlamaStyleAttention  # the layer the learner's step receives
+
+    for W, x, passes, H, H_kv, base in _step_cases():
+        B, T_all, hidden = x.shape
+        d = hidden // H
+        layer = LlamaStyleAttention(hidden, H, H_kv, rope_base=base).double().eval()
+        with torch.no_grad():
+            for name in "qkvo":
+                getattr(layer, f"{name}_proj").weight.copy_(_t(W[name]))
+        ref, K_ref, V_ref = _llama_passes(W, x, passes, H, H_kv, base)
+        what = f"(H = {H} query heads, H_kv = {H_kv} key/value heads)"
+        K_c, V_c, outs = _t(np.zeros((B, H_kv, 0, d))), _t(np.zeros((B, H_kv, 0, d))), []
+        for a, b in passes:
+            with torch.no_grad():
+                ans = _call(llama_step, layer, _t(x[:, a:b].copy()), K_c, V_c, name="llama_step",
+                            on_error=f"x of shape {(B, b - a, hidden)}, caches of shape "
+                                     f"{(B, H_kv, a, d)} {what}")
+            if isinstance(ans, torch.Tensor) or not isinstance(ans, (tuple, list)) or len(ans) != 3:
+                raise _Wrong("return three things, (out, K_cache, V_cache): the output and the "
+                             "grown caches, which the next pass receives")
+            out = _arr(ans[0], "out")
+            _shape(out, (B, b - a, hidden), "out", "(B, T_new, hidden_size)")
+            for got, what_ in zip(ans[1:], ("K_cache", "V_cache"), strict=True):
+                got = _arr(got, what_)
+                if got.ndim == 4 and got.shape[1] == H != H_kv:
+                    raise _Wrong(f"{what_} has {H} heads: cache the {H_kv} key/value heads and "
+                                 f"repeat them only for the attention {what}")
+                _shape(got, (B, H_kv, b, d), what_, "(B, H_kv, T + T_new, head_dim): the old "
+                       "cache with this pass's tokens appended")
+            outs.append(out)
+            K_c, V_c = _t(_arr(ans[1])), _t(_arr(ans[2]))
+        got = np.concatenate(outs, axis=1)
+        if _close(got, ref) and _close(_arr(K_c), K_ref) and _close(_arr(V_c), V_ref):
+            continue
+        for combo in itertools.product(*_STEP_OPTIONS.values()):
+            if combo == ("ok", "ok", "ok"):
+                continue
+            flags = dict(zip(_STEP_OPTIONS, combo, strict=True))
+            out_c, K_combo, _ = _llama_passes(W, x, passes, H, H_kv, base, **flags)
+            if _close(got, out_c) and _close(_arr(K_c), K_combo):  # the keys too: under a
+                # top-left mask no query reaches this pass's keys, but the next passes do
+                hints = [_STEP_HINTS[(k, v)] for k, v in flags.items() if v != "ok"]
+                raise _Wrong("; and ".join(hints) + f" {what}")
+        if _close(got, ref):
+            raise _Wrong("the outputs are right but the returned caches are not the rotated keys "
+                         "and the values of all tokens so far (append the new k and v, rotated "
+                         f"keys, H_kv heads, along dim=2) {what}")
+        n0 = passes[0][1]
+        first_bad = next(i for i in range(T_all) if not _close(got[:, i], ref[:, i]))
+        where = ("in the prefill (the first pass, from an empty cache)" if first_bad < n0
+                 else f"from position {first_bad} on (a pass after the prefill)")
+        raise _Wrong(f"the outputs differ from the layer on the whole sequence at once {where}, "
+                     f"by up to {_maxdiff(got, ref)} {what}")
+    return ("a prefill of 4 tokens, a chunk of 2 and 3 decode steps equal the layer on all 9 "
+            "tokens at once, with grouped-query (g = 3) and multi-query heads.")
 
 
 # --------------------------------------------------------------------------------------------
@@ -114,13 +199,24 @@ def _dtype_bytes(dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
+_GEMMA_7B = {"num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 16,
+             "head_dim": 256, "hidden_size": 3072}
+
+
 @_checker
-def check_cache_bytes(cache_bytes):
+def check_cache_bytes(cache_bytes, gemma_7b_gib=None):
     """``cache_bytes(config, T, batch_size=1, dtype=torch.float16)`` -> bytes of keys and values:
     ``2 * num_hidden_layers * batch_size * num_key_value_heads * T * head_dim * element size``
     with ``head_dim`` from the config when it has one, else ``hidden_size //
     num_attention_heads``; a config without ``num_key_value_heads`` has one key/value head per
-    query head."""
+    query head. ``gemma_7b_gib``: the learner's prediction, made before running the function, of
+    Gemma-7B's cache for one sequence of 8192 tokens in bfloat16, in GiB (compared, not graded)."""
+    if gemma_7b_gib is None:
+        raise _NotAttempted("gemma_7b_gib is still None: write down your prediction for Gemma-7B "
+                            "first, then your function")
+    if isinstance(gemma_7b_gib, bool) or not isinstance(
+            gemma_7b_gib, (int, float, np.integer, np.floating)):
+        raise _Wrong(f"gemma_7b_gib should be a number of GiB; got {type(gemma_7b_gib).__name__}")
     cases = (
         ({"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
           "hidden_size": 4096}, 8192, 1, torch.bfloat16),
@@ -189,8 +285,18 @@ def check_cache_bytes(cache_bytes):
         numbers.append(_cache_numbers(config, T, batch_size, dtype))
     refs = [_cache_formula(c) for c in numbers]
     if answers == refs:
-        return ("Llama-3-8B at 8192 tokens: 1 GiB per sequence; without its grouped-query heads "
-                "it would be 4 GiB; Gemma-7B (16 key/value heads of 256): 3.5 GiB.")
+        gemma = _cache_formula(_cache_numbers(_GEMMA_7B, 8192, 1, torch.bfloat16)) / 2**30
+        split = 2 * 28 * 16 * 8192 * (3072 // 16) * 2 / 2**30  # head_dim from the hidden size
+        if abs(gemma_7b_gib - gemma) <= 0.02 * gemma:
+            verdict = "as you predicted"
+        elif abs(gemma_7b_gib - split) <= 0.02 * split:
+            verdict = (f"you predicted {split:g} GiB, with 3072 / 16 = 192 dimensions per head; "
+                       "its config's head_dim, 256, wins: its q_proj maps 3072 to 16 x 256 = "
+                       "4096 features")
+        else:
+            verdict = f"you predicted {float(gemma_7b_gib):.4g} GiB"
+        return ("Llama-3-8B at 8192 tokens: 1 GiB per sequence, 4 GiB without its grouped-query "
+                f"heads. Gemma-7B: {gemma:g} GiB ({verdict}).")
     for hint, formula in mistakes:
         if all(np.isclose(got, formula(c), rtol=1e-9, atol=0)
                for got, c in zip(answers, numbers, strict=True)):

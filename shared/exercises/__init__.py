@@ -31,7 +31,7 @@ The exercises, by notebook (the checker names say what they check):
   ``check_find_induction_head``, ``check_fixed_period_shortcut``.
 * 07: ``check_ntk_base``, ``check_shift_change``, ``check_to_half_split``,
   ``check_alibi_mass_beyond``.
-* 08: ``check_chunked_prefill``, ``check_cache_bytes``, ``check_sink_ring_cache``,
+* 08: ``check_llama_step_fix``, ``check_cache_bytes``, ``check_sink_ring_cache``,
   ``check_crossover_context``.
 * 09: ``check_weight_name``, ``check_punctuation_score``, ``check_padding_mask``.
 * 10: ``check_temperature_grad``, ``check_bias_grads``, ``check_fixed_backward``,

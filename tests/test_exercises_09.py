@@ -128,52 +128,120 @@ def punct_per_query(weights, tokens):
 
 
 # 9.3 ------------------------------------------------------------------------------------------
-def _fill(scores, allowed, value):
-    return scores.masked_fill(~allowed, value)
+def silence_hook(model, ids, mask, heads):  # the solution: a pre-hook zeroes the heads' features
+    hooks = []
+    for layer, head in heads:
+        att = model.layers[layer].attention
+        cols = slice(head * att.head_dim, (head + 1) * att.head_dim)
+
+        def zero(module, args, cols=cols):
+            x = args[0].clone()
+            x[..., cols] = 0
+            return (x,)
+
+        hooks.append(att.out_proj.register_forward_pre_hook(zero))
+    try:
+        with torch.no_grad():
+            return model(ids, mask)
+    finally:
+        for h in hooks:
+            h.remove()
 
 
-def pairs(m):
-    return m[:, None, :, None] & m[:, None, None, :]
+def silence_by_hand(model, ids, mask, heads):
+    """Independent: the forward pass written out, each head's context computed on its own."""
+    with torch.no_grad():
+        x = model.embeddings(ids)
+        for i, layer in enumerate(model.layers):
+            att = layer.attention
+            H, d = att.num_heads, att.head_dim
+            Q, K, V = (lin(x).unflatten(-1, (H, d)).transpose(1, 2)
+                       for lin in (att.W_query, att.W_key, att.W_value))  # (B, H, T, d)
+            s = (Q @ K.transpose(-1, -2) / d ** 0.5).masked_fill(~mask[:, None, None, :], float("-inf"))
+            ctx = torch.softmax(s, -1) @ V  # (B, H, T, d)
+            keep = torch.tensor([(i, h) not in heads for h in range(H)], dtype=x.dtype)
+            ctx = (ctx * keep[None, :, None, None]).transpose(1, 2).flatten(2)
+            z = layer.norm1(x + att.out_proj(ctx))
+            x = layer.norm2(z + layer.ff_out(torch.nn.functional.gelu(layer.ff_in(z))))
+        return x
 
 
-def mask_ok(scores, attention_mask):
-    allowed = pairs(attention_mask)  # (B, 1, T, T): query real AND key real
-    return torch.softmax(_fill(scores, allowed, float("-inf")), dim=-1).nan_to_num(0.0)
+def _edited(how, restore=True):
+    def forward_without_heads(model, ids, mask, heads):
+        saved = {k: v.clone() for k, v in model.state_dict().items()}
+        with torch.no_grad():
+            for layer, head in heads:
+                att = model.layers[layer].attention
+                cols = slice(head * att.head_dim, (head + 1) * att.head_dim)
+                if how == "rows":
+                    att.out_proj.weight[cols, :] = 0
+                elif how in ("columns", "bias"):
+                    att.out_proj.weight[:, cols] = 0
+                    if how == "bias":
+                        att.out_proj.bias.zero_()
+                elif how == "values":
+                    att.W_value.weight[cols, :] = 0
+                elif how == "queries":
+                    att.W_query.weight[cols, :] = 0
+                    att.W_query.bias[cols] = 0
+            out = model(ids, mask)
+            if restore:
+                model.load_state_dict(saved)
+        return out
+
+    forward_without_heads.__name__ = f"silence_{how}" + ("" if restore else "_not_restored")
+    return forward_without_heads
 
 
-def mask_where(scores, attention_mask):
-    allowed = pairs(attention_mask)
-    w = torch.softmax(_fill(scores, attention_mask[:, None, None, :], float("-inf")), dim=-1)
-    return torch.where(allowed, w, torch.zeros(()))
+silence_by_editing = _edited("columns")
+silence_rows, silence_bias = _edited("rows"), _edited("bias")
+silence_values, silence_queries = _edited("values"), _edited("queries")
+silence_not_restored = _edited("columns", restore=False)
 
 
-def mask_nan(scores, attention_mask):
-    return torch.softmax(_fill(scores, pairs(attention_mask), float("-inf")), dim=-1)
+def silence_swapped(model, ids, mask, heads):
+    return silence_hook(model, ids, mask, [(h, layer) for layer, h in heads])
 
 
-def mask_keys_only(scores, attention_mask):
-    return torch.softmax(_fill(scores, attention_mask[:, None, None, :], float("-inf")), dim=-1)
+def silence_no_mask(model, ids, mask, heads):
+    return silence_hook(model, ids, None, heads)
 
 
-def mask_finfo_min(scores, attention_mask):
-    return torch.softmax(_fill(scores, pairs(attention_mask), torch.finfo(scores.dtype).min), dim=-1)
+def silence_nothing(model, ids, mask, heads):
+    with torch.no_grad():
+        return model(ids, mask)
 
 
-def mask_queries_only(scores, attention_mask):
-    allowed = attention_mask[:, None, :, None].expand_as(scores)
-    return torch.softmax(_fill(scores, allowed, float("-inf")), dim=-1).nan_to_num(0.0)
+def silence_last_only(model, ids, mask, heads):
+    return silence_hook(model, ids, mask, heads[-1:])
 
 
-def mask_inverted(scores, attention_mask):
-    return mask_ok(scores, ~attention_mask)
+def silence_dict(model, ids, mask, heads):
+    return silence_hook(model, ids, mask, list(dict(heads).items()))
 
 
-def mask_after_softmax(scores, attention_mask):
-    return torch.softmax(scores, dim=-1) * pairs(attention_mask)
+def silence_late_binding(model, ids, mask, heads):
+    hooks = []
+    for layer, head in heads:
+        att = model.layers[layer].attention
+
+        def zero(module, args):  # reads `head` when it runs: the loop's last value
+            x = args[0].clone()
+            x[..., head * att.head_dim:(head + 1) * att.head_dim] = 0  # noqa: B023
+            return (x,)
+
+        hooks.append(att.out_proj.register_forward_pre_hook(zero))
+    with torch.no_grad():
+        out = model(ids, mask)
+    for h in hooks:
+        h.remove()
+    return out
 
 
-def mask_zero_fill(scores, attention_mask):
-    return torch.softmax(scores * pairs(attention_mask), dim=-1)
+def silence_pooled(model, ids, mask, heads):
+    from shared.pretrained import mean_pool
+
+    return mean_pool(silence_hook(model, ids, mask, heads), mask)
 
 
 C = ex
@@ -196,16 +264,21 @@ CASES = [
     (C.check_punctuation_score, (punct_summed,), False, "average over the queries"),
     (C.check_punctuation_score, (punct_key_mean,), False, "you averaged them"),
     (C.check_punctuation_score, (punct_per_query,), False, "one number per query"),
-    (C.check_padding_mask, (mask_ok,), True, OK),
-    (C.check_padding_mask, (mask_where,), True, OK),
-    (C.check_padding_mask, (stub,), None, NA),
-    (C.check_padding_mask, (mask_nan,), False, "contain nan"),
-    (C.check_padding_mask, (mask_keys_only,), False, "mask the queries too"),
-    (C.check_padding_mask, (mask_finfo_min,), False, "a large negative number"),
-    (C.check_padding_mask, (mask_queries_only,), False, "padded keys still get weight"),
-    (C.check_padding_mask, (mask_inverted,), False, "the mask is inverted"),
-    (C.check_padding_mask, (mask_after_softmax,), False, "without renormalising"),
-    (C.check_padding_mask, (mask_zero_fill,), False, "exp(0) = 1"),
+    (C.check_silenced_heads, (silence_hook,), True, OK),
+    (C.check_silenced_heads, (silence_by_editing,), True, OK),
+    (C.check_silenced_heads, (stub,), None, NA),
+    (C.check_silenced_heads, (silence_not_restored,), False, "left the model's weights changed"),
+    (C.check_silenced_heads, (silence_pooled,), False, "before any pooling"),
+    (C.check_silenced_heads, (silence_nothing,), False, "nothing was silenced"),
+    (C.check_silenced_heads, (silence_rows,), False, "its COLUMNS"),
+    (C.check_silenced_heads, (silence_bias,), False, "the bias belongs to no head"),
+    (C.check_silenced_heads, (silence_values,), False, "keeps its value bias"),
+    (C.check_silenced_heads, (silence_queries,), False, "makes its attention uniform"),
+    (C.check_silenced_heads, (silence_swapped,), False, "as (head, layer)"),
+    (C.check_silenced_heads, (silence_no_mask,), False, "padding mask was dropped"),
+    (C.check_silenced_heads, (silence_dict,), False, "a dict {layer: head}"),
+    (C.check_silenced_heads, (silence_last_only,), False, "only the last (layer, head)"),
+    (C.check_silenced_heads, (silence_late_binding,), False, "bind it as a default argument"),
 ]
 CHECKERS = ex.nb09.__all__
 
@@ -228,7 +301,7 @@ def test_checker(capsys, checker, answers, expected, phrase):
 
 def test_every_checker_is_covered_three_ways():
     """Each checker: a correct answer, the stub, and at least two different wrong answers."""
-    assert CHECKERS == ["check_weight_name", "check_punctuation_score", "check_padding_mask"]
+    assert CHECKERS == ["check_weight_name", "check_punctuation_score", "check_silenced_heads"]
     for name in CHECKERS:
         results = [c[2] for c in CASES if c[0].__name__ == name]
         assert True in results and None in results, name
@@ -254,13 +327,15 @@ def test_reference_solutions_agree_with_independent_implementations():
     assert torch.allclose(punct_ok(previous, tokens), torch.tensor(3 / 13, dtype=torch.float64))  # after ' , .
     w = torch.softmax(torch.randn(2, 3, n, n, dtype=torch.float64), dim=-1)
     assert np.allclose(punct_ok(w, tokens).numpy(), punct_loop(w, tokens))
-    scores = torch.randn(2, 3, 4, 4, dtype=torch.float64)
-    real = torch.tensor([[True, True, False, False], [True, True, True, True]])
-    w = mask_ok(scores, real)
-    sdpa_like = torch.softmax(scores[0, :, :2, :2], dim=-1)
-    assert torch.allclose(w[0, :, :2, :2], sdpa_like) and (w[0, :, 2:] == 0).all()
-    assert (w[0, :, :, 2:] == 0).all() and torch.allclose(w[1], torch.softmax(scores[1], -1))
-
+    # silencing heads: the hook and the weight edit against the forward pass written out by hand
+    for model, ids, mask, heads in ex.nb09._silence_cases():
+        expected = silence_by_hand(model, ids, mask, heads)
+        assert torch.allclose(silence_hook(model, ids, mask, heads), expected, atol=1e-10)
+        assert torch.allclose(silence_by_editing(model, ids, mask, heads), expected, atol=1e-10)
+        assert torch.allclose(torch.from_numpy(ex.nb09._silenced(model, ids, mask, heads)), expected,
+                              atol=1e-10)
+        if heads:  # and silencing changes something
+            assert not torch.allclose(silence_nothing(model, ids, mask, heads), expected, atol=1e-4)
 
 def test_checkers_never_raise_on_odd_answers(capsys):
     odd = [None, 3, "text", lambda *a, **k: "text", lambda *a, **k: object(),

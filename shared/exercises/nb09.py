@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
+import torch
 
 from shared.pretrained import hf_to_ours
 
@@ -24,7 +27,7 @@ from ._core import (
 __all__ = [
     "check_weight_name",
     "check_punctuation_score",
-    "check_padding_mask",
+    "check_silenced_heads",
 ]
 
 
@@ -197,74 +200,115 @@ def check_punctuation_score(punctuation_score):
 
 
 # --------------------------------------------------------------------------------------------
-# 9.3 Apply a padding mask
+# 9.3 Silence heads
 # --------------------------------------------------------------------------------------------
-def _padding_cases():
-    rng = _rng(902)
+def _silence_model(seed: int):
+    """A small random MiniLM in float64: 4 layers of 4 heads of 4 features, random LayerNorms."""
+    from shared.pretrained import MiniLM
+
+    torch.manual_seed(seed)
+    model = MiniLM(vocab_size=30, max_positions=12, num_segments=2, d_model=16, num_heads=4,
+                   num_layers=4, d_ff=32).double().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.3 * torch.randn_like(p))
+    return model
+
+
+def _silence_cases():
+    """(model, ids, mask, heads): heads from one layer and from two, one alone, and none."""
     cases = []
-    for lengths, H in (([5, 3, 1], 2), ([2, 4], 3)):
-        B, T = len(lengths), max(lengths)
-        real = np.arange(T)[None, :] < np.array(lengths)[:, None]  # (B, T)
-        scores = rng.normal(size=(B, H, T, T))
-        scores[:, :, :, ~real.all(0)] += 3.0  # padded keys look attractive
-        cases.append((scores, real))
+    for seed, lengths, heads in ((903, [7, 4], [(0, 1), (2, 3), (2, 0)]),
+                                 (904, [6, 6, 3], [(3, 2)]),
+                                 (905, [5, 2], [])):
+        model = _silence_model(seed)
+        T = max(lengths)
+        ids = torch.randint(0, 30, (len(lengths), T))
+        mask = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]
+        ids[~mask] = 0  # [PAD]
+        cases.append((model, ids, mask, heads))
     return cases
 
 
-def _masked(scores, real, *, keys=True, queries=True, inverted=False, fill=-np.inf,
-            after=False):
-    """The masked softmax, and (with the options) the typical ways to get it wrong."""
-    r = ~real if inverted else real
-    allowed = np.ones(scores.shape, dtype=bool)
-    if keys:
-        allowed &= r[:, None, None, :]
-    if queries:
-        allowed &= r[:, None, :, None]
-    if after:
-        return np.where(allowed, _softmax(scores), 0.0)
-    return _softmax(np.where(allowed, scores, fill))  # fully masked rows: zeros
+def _silenced(model, ids, mask, heads, how="output"):
+    """The model's last hidden states with the listed heads silenced, on a copy of the model;
+    ``how`` other than "output" makes one of the typical mistakes."""
+    m = copy.deepcopy(model)
+    with torch.no_grad():
+        for layer, head in heads:
+            att = m.layers[layer].attention
+            cols = slice(head * att.head_dim, (head + 1) * att.head_dim)
+            if how in ("output", "bias"):
+                att.out_proj.weight[:, cols] = 0  # head h feeds these input features of W_o
+                if how == "bias":
+                    att.out_proj.bias.zero_()
+            elif how == "rows":
+                att.out_proj.weight[cols, :] = 0
+            elif how == "value_weight":
+                att.W_value.weight[cols, :] = 0
+            elif how == "scores":
+                att.W_query.weight[cols, :] = 0
+                att.W_query.bias[cols] = 0
+        return m(ids, mask).numpy()
 
 
 @_checker
-def check_padding_mask(masked_softmax):
-    """``masked_softmax(scores, attention_mask)`` -> weights ``(B, H, T, T)``: scores
-    ``(B, H, T, T)``, attention_mask ``(B, T)`` bool (True = a real token). A query may attend to
-    a key only when both are real tokens: weights on padded keys are 0, each real query's row sums
-    to 1, and a padded query's row is all zeros (not NaN)."""
-    for scores, real in _padding_cases():
-        got = _arr(_call(masked_softmax, _t(scores.copy()), _t(real.copy()),
-                         name="masked_softmax",
-                         on_error="hint: attention_mask is (B, T); index it as "
-                                  "attention_mask[:, None, None, :] for the keys"),
-                   "the weights")
-        _shape(got, scores.shape, "the weights", "(B, H, T, T), like the scores")
-        ref = _masked(scores, real)
+def check_silenced_heads(forward_without_heads):
+    """``forward_without_heads(model, ids, mask, heads)`` -> the last hidden states
+    ``(B, T, d_model)`` of a ``MiniLM`` in which each ``(layer, head)`` of ``heads`` adds nothing:
+    its ``head_dim`` features of the concatenated head outputs are zero before ``out_proj``
+    (whose bias stays). ids ``(B, T)``, mask ``(B, T)`` bool (True = real token). The model must
+    be unchanged afterwards."""
+    for model, ids, mask, heads in _silence_cases():
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        got = _call(forward_without_heads, model, ids.clone(), mask.clone(), list(heads),
+                    name="forward_without_heads",
+                    on_error="hint: model.layers[layer].attention.out_proj is the nn.Linear "
+                             "that receives the heads side by side")
+        if any(not torch.equal(before[k], v) for k, v in model.state_dict().items()):
+            raise _Wrong("your function left the model's weights changed: restore every weight "
+                         "you zero (or zero the heads' outputs with a forward pre-hook on "
+                         "out_proj and remove it), or the next call starts from a damaged model")
+        got = _arr(got, "the hidden states")
+        B, T = ids.shape
+        _shape(got, (B, T, model.d_model), "the hidden states",
+               "(B, T, d_model): the last layer's output at every position, before any pooling")
+        ref = _silenced(model, ids, mask, heads)
         if _close(got, ref):
             continue
-        if np.isnan(got).any():
-            raise _Wrong("your weights contain nan: a padded query may attend to nothing, so its "
-                         "row is all -inf and softmax divides 0 by 0; turn those rows into zeros "
-                         "(torch.nan_to_num(weights, 0.0) or torch.where)")
-        pad_rows = np.broadcast_to(~real[:, None, :, None], scores.shape)
-        zero_fill = _masked(scores, real, fill=0.0)
+        swapped = [(h, l) for l, h in heads]
         _diagnose(got, [
-            ("the padded keys still get weight: set the scores of padded keys (the last axis, "
-             "attention_mask[:, None, None, :]) to -inf before the softmax",
-             _masked(scores, real, keys=False)),
-            ("the mask is inverted: attention_mask is True for REAL tokens (PyTorch's "
-             "key_padding_mask uses the opposite convention)",
-             _masked(scores, real, inverted=True)),
-            ("masked after softmax without renormalising: the real keys' weights no longer sum "
-             "to 1; set the scores to -inf before the softmax", _masked(scores, real, after=True)),
-            ("a score of 0 does not remove a key (exp(0) = 1): use -inf, not 0, for padded "
-             "positions", zero_fill),
-            ("a score of 0 does not remove a key (exp(0) = 1): use -inf, not 0, for padded "
-             "positions", np.where(pad_rows, 0.0, zero_fill)),
+            ("nothing was silenced: your output is the plain model's",
+             _silenced(model, ids, mask, [])),
+            ("you zeroed rows h*head_dim:(h+1)*head_dim of out_proj.weight, which are output "
+             "features of W_o; head h feeds its COLUMNS "
+             "(out_proj.weight[:, h*head_dim:(h+1)*head_dim])",
+             _silenced(model, ids, mask, heads, "rows")),
+            ("you also zeroed out_proj's bias: the bias belongs to no head, keep it",
+             _silenced(model, ids, mask, heads, "bias")),
+            ("zeroing the head's W_value weights keeps its value bias, and the weights sum to "
+             "1, so the head still outputs that bias: zero the head's output (or its values "
+             "with their bias)", _silenced(model, ids, mask, heads, "value_weight")),
+            ("zeroing a head's queries (or keys) makes its attention uniform, not its output zero",
+             _silenced(model, ids, mask, heads, "scores")),
+            ("heads are (layer, head) pairs: you read them as (head, layer)",
+             _silenced(model, ids, mask, swapped) if all(h < model.num_layers for h in
+                                                          (h for _, h in heads)) else None),
+            ("the padding mask was dropped: pass mask to the model as usual",
+             _silenced(model, ids, None, heads)),
+            ("only one head per layer was silenced: a dict {layer: head} keeps just the last head "
+             "of each layer; keep every pair (a list, or a dict of lists)",
+             _silenced(model, ids, mask, list(dict(heads).items()))
+             if len(dict(heads)) < len(heads) else None),
+            ("only the last (layer, head) of the list was silenced",
+             _silenced(model, ids, mask, heads[-1:]) if len(heads) > 1 else None),
+            ("every layer lost the head index of the LAST pair: a function (lambda or def) made in "
+             "a loop sees the loop variable's final value; bind it as a default argument "
+             "(def hook(module, args, head=head))",
+             _silenced(model, ids, mask, [(l, heads[-1][1]) for l, _ in heads]) if heads else None),
         ])
-        if _close(np.where(pad_rows, 0.0, got), ref) and np.allclose(
-                got.sum(-1)[pad_rows[..., 0]], 1.0):
-            raise _Wrong("the padded queries' rows should be all zeros (a padding token attends to "
-                         "nothing), not spread over the keys: mask the queries too (a large "
-                         "negative number instead of -inf also spreads a fully masked row evenly)")
-        raise _Wrong(f"the weights differ from the masked softmax by up to {_maxdiff(got, ref)}")
-    return "padded keys get 0, real rows sum to 1, padded queries get zeros, no NaN."
+        raise _Wrong(f"the hidden states differ from the silenced model's by up to "
+                     f"{_maxdiff(got, ref)}")
+    return ("the listed heads add nothing, every other head and out_proj's bias are untouched, "
+            "and the model is unchanged afterwards.")

@@ -33,7 +33,7 @@ The exercises, by notebook (the checker names say what they check):
   ``check_alibi_mass_beyond``.
 * 08: ``check_llama_step_fix``, ``check_cache_bytes``, ``check_sink_ring_cache``,
   ``check_crossover_context``.
-* 09: ``check_weight_name``, ``check_punctuation_score``, ``check_padding_mask``.
+* 09: ``check_weight_name``, ``check_punctuation_score``, ``check_silenced_heads``.
 * 10: ``check_temperature_grad``, ``check_bias_grads``, ``check_fixed_backward``,
   ``check_attention_saved_bytes``.
 * 11: ``check_chunked_causal``, ``check_window_bug``, ``check_tile_counts``.

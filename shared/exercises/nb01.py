@@ -316,7 +316,8 @@ def check_cosine_attention(cosine_attention_weights, predicted_sharper_rows=None
     unchanged (the learner's function gets the checker's array itself, so ``X /= ...`` shows).
     Then ``predicted_sharper_rows``: the tokens of notebook 01 whose row gets sharper (a larger
     ratio of largest to smallest weight) with cosines than with dot products, made before
-    measuring (a set of names or 0-based indices)."""
+    measuring (a set of names or 0-based indices). A wrong prediction learns how many of the six
+    rows it got right, never which (the learner measures them)."""
     rng = _rng(103)
     lengths = np.array([[1.0], [100.0], [0.01], [7.0], [0.3]])
     cases = [rng.uniform(0.05, 1, (6, 3)), rng.normal(size=(4, 5)),

@@ -67,6 +67,7 @@ def plot_attention(
     cbar: bool = True,
     vmax: float | None = 1.0,
     cmap: str = "viridis",
+    cbar_label: str | None = None,
 ):
     """Draw one attention matrix as a labelled heatmap and return its ``Axes``.
 
@@ -79,6 +80,7 @@ def plot_attention(
 
     ``annotate`` writes each weight with 2 decimals (default: when the matrix is at most 12 x 12).
     ``vmax=None`` scales the colours to the data instead of to [0, 1] (use it for raw scores).
+    ``cbar_label`` labels the colour bar (default: no label), e.g. ``"attention weight"``.
     """
     w = _to_numpy("weights", weights)
     if w.ndim != 2:
@@ -116,11 +118,14 @@ def plot_attention(
         xticklabels=k_labels,
         yticklabels=q_labels,
     )
+    mesh = ax.collections[-1]  # the heatmap just drawn (its colour bar hangs on it)
     if allowed is not None and not allowed.all():
         for i, j in zip(*np.nonzero(~allowed), strict=True):
             ax.add_patch(
                 plt.Rectangle((j, i), 1, 1, fill=False, hatch="///", edgecolor="#9a9a9a", lw=0)
             )
+    if cbar and cbar_label is not None:
+        mesh.colorbar.set_label(cbar_label)
     ax.set_xlabel("keys (attended to)")
     ax.set_ylabel("queries (attending)")
     ax.set_title(title)
@@ -208,8 +213,9 @@ def _arrow(ax, start, end, lw: float = 1.0, color: str = "black") -> None:
 
 def plot_bottleneck(words, weights, decoder_steps: int = 4):
     """Two diagrams side by side and return the ``Figure``: left, an encoder-decoder RNN whose
-    decoder sees only the last encoder state ``h_T`` (the bottleneck); right, a decoder step that
-    reads a weighted average of every encoder state, arrow widths proportional to ``weights``.
+    decoder sees only the last encoder state, the box ``c = h_T`` (the bottleneck); right, a
+    decoder step that reads a weighted average of every encoder state, arrow widths proportional
+    to ``weights``.
 
     Shapes: ``words``: ``T`` source words; ``weights``: ``T`` non-negative numbers (illustrative,
     drawn as given and printed on the arrows).
@@ -227,11 +233,11 @@ def plot_bottleneck(words, weights, decoder_steps: int = 4):
         for i, word in enumerate(words):
             _box(ax, i, 0, f"$h_{{{i + 1}}}$", _ENC)
             ax.text(i, -0.6, word, ha="center", fontsize=8)
-    # Left: everything passes through one fixed-size vector c = h_T.
+    # Left: everything passes through one fixed-size vector c = h_T, labelled so.
     for i in range(1, T):
         _arrow(left, (i - 0.6, 0), (i - 0.4, 0))
     last = T - 1
-    _box(left, last, 1.4, "c", _CTX, w=0.6)
+    _box(left, last, 1.4, f"$c = h_{{{T}}}$", _CTX, w=0.9)
     _arrow(left, (last, 0.25), (last, 1.15), lw=2)
     first = max(0, last - decoder_steps + 1)
     for j in range(decoder_steps):

@@ -175,6 +175,10 @@ def cosine_returns_tuple(X):
 # one 0.7154-0.2935, step 1.0865-0.2935; cosine spans are 1 minus the smallest cosine. Only
 # "one" (span 0.42) has a smallest cosine below 0.58 (cos(one, step) = 0.2935 / (0.8157 * 0.9721)).
 SHARPER = {"one"}
+SIX_TOKENS = ["Your", "journey", "starts", "with", "one", "step"]
+# Rows whose top key changes to the query itself: by notebook 01's printed scores, "starts",
+# "with" and "step" score highest with "journey", "one" with "starts". A plausible wrong prediction.
+NEW_TOP_KEY = {"starts", "with", "one", "step"}
 # 1.4: x2 = (0.5, -0.5) scores 0.5 with x0 = (1, 0), with x1 = (2, 1) and with itself.
 DESIGN_OK = np.array([[1.0, 0.0], [2.0, 1.0], [0.5, -0.5]])
 DESIGN_ZERO_X2 = [[1.0, 0.0], [2.0, 0.0], [0.0, 0.0]]  # the trivial answer, ruled out
@@ -214,6 +218,21 @@ LUCKY_TINY = [[0.1, 0.0], [-0.05, 0.1 * R3], [-0.05, -0.1 * R3]]  # right, but w
 
 
 # Exercise 1.5: softmax lines without keepdims=True. References: PyTorch's softmax, and a loop.
+# The symptoms its hints report on the six tokens, from the shipped buggy lines themselves
+# (buggy_attention below) and by hand: with the shift alone fixed, the rows sum to 1, but 'Your'
+# gives 'journey' e^(0.9544 - 1.4950) (row 1's maximum is subtracted from column 1) times the
+# weight it gives itself (its own maximum, 0.9995, cancels).
+def _six_token_weights(shift_keepdims: bool, sum_keepdims: bool) -> np.ndarray:
+    from shared.data import load_embeddings
+
+    scores = load_embeddings()[1] @ load_embeddings()[1].T
+    e = np.exp(scores - scores.max(axis=-1, keepdims=shift_keepdims))
+    return e / e.sum(axis=-1, keepdims=sum_keepdims)
+
+
+BUGGY_SIX_SUMS = np.round(_six_token_weights(False, False).sum(axis=-1), 4).tolist()
+SHIFT_FIXED_SIX_SUMS = np.round(_six_token_weights(True, False).sum(axis=-1), 4).tolist()
+DIVISION_FIXED_RATIO = f"{math.exp(0.9544 - 1.4950):.4f}"
 def attention_ok(X):
     Xt = torch.from_numpy(X)
     return torch.softmax(Xt @ Xt.T, dim=-1) @ Xt
@@ -614,9 +633,11 @@ CASES = [
     (C.check_cosine_attention, (stub1,), None, NA),
     (C.check_cosine_attention, (stub1, SHARPER), None, NA),
     (C.check_cosine_attention, (cosine_ok,), None, "now type predicted_sharper_rows"),
-    (C.check_cosine_attention, (cosine_ok, set()), False, "'one' gets sharper (span 0.42 -> 0.63)"),
-    (C.check_cosine_attention, (cosine_ok, {"one", "journey"}), False, "'journey' gets flatter"),
-    (C.check_cosine_attention, (cosine_ok, {"one", "step"}), False, "'step' gets flatter (span 0.79 -> 0.63)"),
+    (C.check_cosine_attention, (cosine_ok, set()), False, "5 of the 6 rows right"),
+    (C.check_cosine_attention, (cosine_ok, {"one", "journey"}), False, "5 of the 6 rows right"),
+    (C.check_cosine_attention, (cosine_ok, set(SIX_TOKENS)), False, "1 of the 6 rows right"),
+    (C.check_cosine_attention, (cosine_ok, {"Your", "journey", "starts", "with", "step"}), False, "0 of the 6 rows right"),
+    (C.check_cosine_attention, (cosine_ok, NEW_TOP_KEY), False, "rows whose top key changes"),
     (C.check_cosine_attention, (cosine_ok, {"on"}), False, "not one of the six tokens"),
     (C.check_cosine_attention, (cosine_ok, {"one": 1}), False, "a set of token names"),
     (C.check_cosine_attention, (cosine_dot_product,), False, "plain dot product"),
@@ -653,10 +674,12 @@ CASES = [
     (C.check_spot_the_bug, (attention_ok, LUCKY_SUMS), False, "the row maxima agree (1.0000), but the sums"),
     (C.check_spot_the_bug, (attention_ok, LUCKY_NEARLY), False, "nearly: the buggy weights differ"),
     (C.check_spot_the_bug, (attention_ok, np.array(LUCKY).T), False, "shape (3, 2)"),
-    (C.check_spot_the_bug, (buggy_attention, LUCKY), False, "still the bug"),
-    (C.check_spot_the_bug, (buggy_attention,), False, "still the bug"),
-    (C.check_spot_the_bug, (attention_shift_fixed_only,), False, "the shift is fixed, but"),
-    (C.check_spot_the_bug, (attention_division_fixed_only,), False, "the shift still subtracts row j's maximum"),
+    (C.check_spot_the_bug, (buggy_attention, LUCKY), False, "still computes what buggy_attention computes"),
+    (C.check_spot_the_bug, (buggy_attention,), False, f"the rows of its weights sum to {BUGGY_SIX_SUMS}, not 1"),
+    (C.check_spot_the_bug, (attention_shift_fixed_only,), False, "closer: your shift now cancels"),
+    (C.check_spot_the_bug, (attention_shift_fixed_only,), False, f"still sum to {SHIFT_FIXED_SIX_SUMS}, not 1"),
+    (C.check_spot_the_bug, (attention_division_fixed_only,), False, "each row of your weights sums to 1 now"),
+    (C.check_spot_the_bug, (attention_division_fixed_only,), False, f"'journey' {DIVISION_FIXED_RATIO} times"),
     (C.check_spot_the_bug, (attention_weights_transposed,), False, "wrong axis"),
     (C.check_spot_the_bug, (attention_global_max,), False, "maximum of the whole score matrix"),
     (C.check_spot_the_bug, (attention_no_shift,), False, "without the shift, exp overflows"),
@@ -754,6 +777,25 @@ def test_checker(capsys, checker, answers, expected, phrase):
     assert phrase in out, out
     prefix = {True: "correct!", False: "not quite:", None: "not attempted yet"}[expected]
     assert out.startswith(prefix), out
+
+
+@pytest.mark.parametrize("fixed", [buggy_attention, attention_shift_fixed_only,
+                                   attention_division_fixed_only])
+def test_spot_the_bug_hints_give_symptoms_not_the_fix(capsys, fixed):
+    """Exercise 1.5 is finding the fix: resubmitting the bug (or half of the fix) must not hand it over."""
+    _, out = run(capsys, C.check_spot_the_bug, fixed)
+    assert "keepdims" not in out and "(T, 1)" not in out and "broadcast" not in out, out
+    assert "six tokens" in out, out  # a symptom the learner can reproduce
+
+
+@pytest.mark.parametrize("guess", [set(), {"one", "journey"}, set(SIX_TOKENS), NEW_TOP_KEY,
+                                   {"Your", "journey", "starts", "with", "step"}])
+def test_cosine_prediction_hints_name_no_row(capsys, guess):
+    """Exercise 1.3's prediction: a wrong guess learns how many rows it got right, never which."""
+    _, out = run(capsys, C.check_cosine_attention, cosine_ok, guess)
+    assert out.startswith("not quite:"), out
+    assert not any(f"'{t}'" in out or f'"{t}"' in out for t in SIX_TOKENS), out
+    assert "span 0." not in out, out
 
 
 def test_every_checker_is_covered_three_ways():

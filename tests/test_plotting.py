@@ -48,6 +48,19 @@ def test_token_labels_on_both_axes_in_order():
     assert "key" in ax.get_xlabel() and "quer" in ax.get_ylabel()
 
 
+def test_colour_bar_label_only_when_asked():
+    ax = plot_attention(weights_4x4(), TOKENS)
+    assert ax.collections[0].colorbar.ax.get_ylabel() == ""  # the default draws no label
+    ax = plot_attention(weights_4x4(), TOKENS, mask=np.tril(np.ones((4, 4), dtype=bool)),
+                        cbar_label="attention weight")
+    assert ax.collections[0].colorbar.ax.get_ylabel() == "attention weight"
+    _, (left, right) = plt.subplots(1, 2)
+    plot_attention(weights_4x4(), TOKENS, ax=left, cbar_label="score")
+    assert left.collections[0].colorbar.ax.get_ylabel() == "score"
+    plot_attention(weights_4x4(), TOKENS, ax=right, cbar=False, cbar_label="ignored")
+    assert right.collections[0].colorbar is None
+
+
 def test_rectangular_weights_use_separate_query_and_key_labels():
     w = np.full((2, 3), 1 / 3)
     ax = plot_attention(w, ["a", "b"], ["x", "y", "z"], title="cross")
@@ -129,6 +142,7 @@ def test_plot_bottleneck_draws_both_diagrams_with_the_given_weights():
     fig = plot_bottleneck(words, [0.2, 0.5, 0.3], decoder_steps=2)
     left, right = fig.axes
     assert "bottleneck" in left.get_title() and "every state" in right.get_title()
+    assert "$c = h_{3}$" in {t.get_text() for t in left.texts}  # the decoder's c is h_T, T = 3
     for ax in (left, right):
         assert [w for w in words if w in {t.get_text() for t in ax.texts}] == words
     printed = [t.get_text() for t in right.texts if t.get_text().startswith("0.")]

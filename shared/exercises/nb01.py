@@ -282,6 +282,14 @@ def _sharper_rows() -> tuple[list[str], np.ndarray, np.ndarray]:
     return tokens, np.ptp(S, axis=-1), np.ptp(cos, axis=-1)
 
 
+def _dot_top_keys() -> list[str]:
+    """Per row of notebook 01's six tokens, the key with the largest dot-product score."""
+    from shared.data import load_embeddings
+
+    tokens, X = load_embeddings()
+    return [tokens[int(j)] for j in np.argmax(X @ X.T, axis=-1)]
+
+
 def _token_set(answer, tokens: list[str], what: str) -> set[str]:
     """A learner's set (list, tuple) of token names or 0-based indices as a set of names."""
     if isinstance(answer, (str, int, np.integer)) and not isinstance(answer, bool):
@@ -308,7 +316,8 @@ def check_cosine_attention(cosine_attention_weights, predicted_sharper_rows=None
     unchanged (the learner's function gets the checker's array itself, so ``X /= ...`` shows).
     Then ``predicted_sharper_rows``: the tokens of notebook 01 whose row gets sharper (a larger
     ratio of largest to smallest weight) with cosines than with dot products, made before
-    measuring (a set of names or 0-based indices)."""
+    measuring (a set of names or 0-based indices). A wrong prediction learns how many of the six
+    rows it got right, never which (the learner measures them)."""
     rng = _rng(103)
     lengths = np.array([[1.0], [100.0], [0.01], [7.0], [0.3]])
     cases = [rng.uniform(0.05, 1, (6, 3)), rng.normal(size=(4, 5)),
@@ -358,14 +367,18 @@ def check_cosine_attention(cosine_attention_weights, predicted_sharper_rows=None
     truth = {t for t, a, b in zip(tokens, span_dot, span_cos, strict=True) if b > a}
     guess = _token_set(predicted_sharper_rows, tokens, "predicted_sharper_rows")
     if guess != truth:
-        wrong = [t for t in tokens if (t in guess) != (t in truth)]
-        said = ", ".join(
-            f"{t!r} gets {'sharper' if t in truth else 'flatter'} (span "
-            f"{span_dot[tokens.index(t)]:.2f} -> {span_cos[tokens.index(t)]:.2f})" for t in wrong)
-        raise _Wrong(f"{said}. A row's largest / smallest weight is e^(largest score - smallest "
-                     "score), so a row gets sharper exactly when the span of its scores grows; "
-                     "measure the spans of every row (np.ptp(scores, axis=1)) before you change "
-                     "your answer")
+        # Never name the rows: the learner measures them. Only one reasoning slip gets its own hint.
+        right = sum((t in guess) == (t in truth) for t in tokens)
+        new_winner = {t for t, row in zip(tokens, _dot_top_keys(), strict=True) if row != t}
+        if guess == new_winner:
+            raise _Wrong("these are the rows whose top key changes (to the query itself); "
+                         "sharper is not about which key wins but about the ratio of the largest "
+                         "to the smallest weight in the row, e^(largest score - smallest score)")
+        raise _Wrong(f"{right} of the 6 rows right (a row counts as right when you listed it and "
+                     "it gets sharper, or left it out and it does not). A row's largest / "
+                     "smallest weight is e^(largest score - smallest score): compare that span "
+                     "for dot products and for cosines, row by row (np.ptp(..., axis=1)), and "
+                     "work out why it grows or shrinks")
     return ("cos(x_i, x_i) = 1 is the largest possible cosine, so every query now attends most "
             "to itself; only the row of the short 'one', whose own score lost to longer vectors, "
             "gets sharper.")
@@ -479,6 +492,21 @@ def _keepdims_variants(S: np.ndarray):
     return both, shift_only, division_only
 
 
+def _six_token_symptoms() -> dict:
+    """What the keepdims variants do to the notebook's six tokens, for hints a learner can
+    reproduce: their row sums, and (for the variant whose rows do sum to 1) the ratio of the
+    weights 'Your' gives 'journey' and itself."""
+    from shared.data import load_embeddings
+
+    _, X = load_embeddings()
+    S = X @ X.T
+    both, shift_only, division_only = _keepdims_variants(S)
+    return {"both_sums": np.round(both.sum(axis=-1), 4).tolist(),
+            "shift_only_sums": np.round(shift_only.sum(axis=-1), 4).tolist(),
+            "ratio": float(division_only[0, 1] / division_only[0, 0]),
+            "true_ratio": float(np.exp(S[0, 1] - S[0, 0]))}
+
+
 _LUCKY_TOL = 1e-4  # "exactly right": typed decimals such as 0.866 for sqrt(3)/2 still pass
 _LUCKY_SPREAD = 0.05  # some weight must lie this far from 1/3, so the bug could show
 
@@ -527,6 +555,7 @@ def check_spot_the_bug(fixed_attention, X_lucky=None):
     ``(3, 2)`` with weights not all near 1/3 on which ``buggy_attention`` is exactly right (so
     the learner must know *when* the bug is harmless, not only how to fix it)."""
     name = "fixed_attention"
+    six = _six_token_symptoms()
     for X in _bug_cases():
         T, d = X.shape
         S = X @ X.T
@@ -557,28 +586,30 @@ def check_spot_the_bug(fixed_attention, X_lucky=None):
                 raise _Wrong("nan for the rows of the short vectors when other scores reach "
                              f"{S.max():.0f}: you subtracted the maximum of the whole score "
                              "matrix, so a row whose scores all lie more than ~745 below it "
-                             "underflows to 0 / 0. Subtract each row's own maximum: "
-                             "scores.max(axis=-1, keepdims=True)")
+                             "underflows to 0 / 0. Subtract each row's own maximum, from that "
+                             "row only")
             if np.array_equal(pattern, np.isfinite(naive).all(axis=-1)):
                 raise _Wrong(f"inf or nan for scores up to {S.max():.0f}: without the shift, "
-                             "exp overflows above 709. Keep the shift, but subtract each row's "
-                             "own maximum (keepdims=True)")
+                             "exp overflows above 709. Keep the shift, and make it subtract each "
+                             "row's own maximum from that row")
             raise _Wrong(f"your context vectors contain inf or nan for an X of shape {X.shape} "
                          f"whose scores reach {S.max():.0f}: shift each row of scores by its "
                          "own maximum before exp")
         _row_order_hint(got, ref)
         _diagnose(got, [
-            ("still the bug: both `scores.max(axis=-1)` and `e.sum(axis=-1)` have shape (T,), "
-             "and a (T, T) array minus (or divided by) a (T,) array broadcasts along the rows, "
-             "so column j gets row j's maximum and row j's sum. Add keepdims=True to both",
-             both @ X),
-            ("the shift is fixed, but `e / e.sum(axis=-1)` still divides column j by row j's "
-             "sum, so the rows of your weights do not sum to 1: keepdims=True there too",
-             shift_only @ X),
-            ("each row of your weights sums to 1 now, but the shift still subtracts row j's "
-             "maximum from column j: a different constant per column changes the softmax (only "
-             "one constant per row cancels). keepdims=True on the maximum too",
-             division_only @ X),
+            # The three keepdims variants get symptoms, measured on the notebook's own six tokens,
+            # never the fix: finding it is the exercise.
+            (f"your function still computes what buggy_attention computes: on the notebook's six "
+             f"tokens the rows of its weights sum to {six['both_sums']}, not 1. Print the weights "
+             "and their row sums, and the shape of every intermediate array", both @ X),
+            (f"closer: your shift now cancels in the softmax, but on the notebook's six tokens the "
+             f"rows of your weights still sum to {six['shift_only_sums']}, not 1: look again at "
+             "the line that should make each row sum to 1", shift_only @ X),
+            (f"each row of your weights sums to 1 now, but they are still not the softmax: on the "
+             f"notebook's six tokens, 'Your' gives 'journey' {six['ratio']:.4f} times the weight "
+             f"it gives itself, not e^(0.9544 - 0.9995) = {six['true_ratio']:.4f}. Only a "
+             "constant subtracted from a whole row cancels in the softmax: what does your shift "
+             "subtract from each entry?", division_only @ X),
             ("softmax over the wrong axis (or weights.T @ X): each query's weights are a ROW of "
              "the weights and must sum to 1, so normalise along axis=-1",
              _softmax(S, axis=0) @ X),

@@ -295,6 +295,12 @@ def variance_random_weights(d_in, d_k, T):  # torch.randn weights instead of nn.
     return ((X @ W_q) @ (X @ W_k).T / math.sqrt(d_k)).var().item()
 
 
+def variance_uniform_inputs(d_in, d_k, T):  # torch.rand: mean 1/2, variance 1/12
+    W_query, W_key = (torch.nn.Linear(d_in, d_k, bias=False) for _ in range(2))
+    X = torch.rand(T, d_in)
+    return (W_query(X) @ W_key(X).T / math.sqrt(d_k)).detach().var().item()
+
+
 def variance_of_Q(d_in, d_k, T):
     return torch.nn.Linear(d_in, d_k, bias=False)(torch.randn(T, d_in)).detach().var().item()
 
@@ -314,7 +320,8 @@ def variance_constant(d_in, d_k, T):
     (1 / 9, _variance_times(lambda d_in, d_k: d_k), "not divided by sqrt(d_k)"),
     (1 / 9, _variance_times(lambda d_in, d_k: 1 / d_k), "you divided the scores by d_k"),
     (1 / 9, variance_of_Q, "the variance of Q's entries"),
-    (1 / 9, variance_random_weights, "far from your prediction"),
+    (1 / 9, variance_random_weights, "weights of variance 1 (torch.randn?)"),
+    (1 / 9, variance_uniform_inputs, "far from your prediction"),
     (1 / 9, variance_constant, "for every size"),
 ])
 def test_init_variance_hints(capsys, prediction, answer, hint):
@@ -326,7 +333,7 @@ def test_init_variance_hints(capsys, prediction, answer, hint):
 def test_init_variance_mistakes_are_apart():
     """On every hidden size, each mistake the hints name is far outside the others' tolerance."""
     tol = nb02._MEASURE_TOL
-    for _, d_k, _ in nb02._INIT_CASES:
-        values = sorted([1 / 9, d_k / 9, 1 / (9 * d_k), 1 / 3])
+    for d_in, d_k, _ in nb02._INIT_CASES:
+        values = sorted([1 / 9, d_k / 9, 1 / (9 * d_k), 1 / 3, d_in ** 2])
         for lo, hi in zip(values, values[1:], strict=False):
             assert hi / lo > ((1 + tol) / (1 - tol)) * 1.5, (d_k, lo, hi)

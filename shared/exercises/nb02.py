@@ -196,6 +196,9 @@ def check_init_variance(predicted_variance, score_variance=None):
                                 "by sqrt(d_k)"),
             (1.0 / 3.0, "that is about 1/3: the standard deviation of the scores (take .var(), "
                         "not .std()), or the variance of Q's entries rather than of Q K^T"),
+            (float(d_in) ** 2, f"that is about d_in^2 = {d_in ** 2}: weights of variance 1 "
+                               "(torch.randn?); use nn.Linear's own initialisation, variance "
+                               "1/(3 d_in)"),
         ):
             if abs(got / value - 1.0) <= _MEASURE_TOL:
                 raise _Wrong(f"{where}; {hint}")

@@ -379,6 +379,24 @@ def shift_fixed_base(k, d_model, base=10000.0):
     return _shift(k, d_model, 10000.0, lambda i: 10000.0 ** (-2 * i / d_model))
 
 
+def variance_ok(d_in, d_k, T):
+    W_query, W_key = (torch.nn.Linear(d_in, d_k, bias=False) for _ in range(2))
+    X = torch.randn(T, d_in)
+    with torch.no_grad():
+        return (W_query(X) @ W_key(X).T / math.sqrt(d_k)).var().item()
+
+
+def variance_unscaled(d_in, d_k, T):
+    return variance_ok(d_in, d_k, T) * d_k
+
+
+def variance_std(d_in, d_k, T):
+    return math.sqrt(variance_ok(d_in, d_k, T))
+
+
+BREAKS_IT = {"c", "d"}  # a causal mask; positions added after the shuffle
+
+
 def perm_ok(Z, Z_shuffled):
     dist = ((Z_shuffled[:, None, :] - Z[None, :, :]) ** 2).sum(axis=-1)  # (T, T)
     return dist.argmin(axis=1)
@@ -704,6 +722,14 @@ CASES = [
     (C.check_score_scale, (scale_variances,), False, "used the variances"),
     (C.check_score_scale, (scale_reciprocal,), False, "MULTIPLY"),
     (C.check_score_scale, (scale_as_text,), False, "without quotes"),
+    (C.check_init_variance, (1 / 9, variance_ok), True, OK),
+    (C.check_init_variance, (None,), None, NA),
+    (C.check_init_variance, (1 / 9,), None, "now write score_variance"),
+    (C.check_init_variance, (1 / 9, stub1), None, NA),
+    (C.check_init_variance, (1.0, variance_ok), False, "section 2's assumption"),
+    (C.check_init_variance, (1 / 3, variance_ok), False, "Var(q_i) Var(k_i)"),
+    (C.check_init_variance, (1 / 9, variance_unscaled), False, "not divided by sqrt(d_k)"),
+    (C.check_init_variance, (1 / 9, variance_std), False, "not .std()"),
     (C.check_shift_matrix, (shift_ok,), True, OK),
     (C.check_shift_matrix, (shift_lstsq,), True, OK),
     (C.check_shift_matrix, (stub1,), None, NA),
@@ -711,9 +737,12 @@ CASES = [
     (C.check_shift_matrix, (shift_same_angle,), False, "same angle"),
     (C.check_shift_matrix, (shift_exponent_i,), False, "counts column PAIRS"),
     (C.check_shift_matrix, (shift_fixed_base,), False, "the base you are given"),
-    (C.check_recover_permutation, (perm_ok,), True, OK),
-    (C.check_recover_permutation, (perm_as_floats,), True, OK),
+    (C.check_recover_permutation, (perm_ok, BREAKS_IT), True, OK),
+    (C.check_recover_permutation, (perm_as_floats, "c, d"), True, OK),
+    (C.check_recover_permutation, (perm_ok,), None, "now answer breaks_it"),
     (C.check_recover_permutation, (transfer_stub,), None, NA),
+    (C.check_recover_permutation, (perm_ok, {"c"}), False, "(d) breaks it too"),
+    (C.check_recover_permutation, (perm_ok, {"a", "c", "d"}), False, "(a) does not break it"),
     (C.check_recover_permutation, (perm_inverse,), False, "inverse permutation"),
     (C.check_recover_permutation, (perm_exact,), False, "NEAREST row"),
     (C.check_recover_permutation, (perm_first_column_only,), False, "is not a permutation"),

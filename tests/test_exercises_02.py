@@ -165,8 +165,175 @@ def perm_ok(Z, Z_shuffled):
 
 
 def test_recover_permutation_sees_in_place_changes(capsys):
-    assert ex.check_recover_permutation(perm_ok).passed is True
+    assert ex.check_recover_permutation(perm_ok, {"c", "d"}).passed is True
     capsys.readouterr()
     assert ex.check_recover_permutation(perm_centres_in_place).passed is False
     out = capsys.readouterr().out
     assert "changed Z and Z_shuffled in place" in out, out
+
+
+# 2.4, second part: which changes break the reordering? Measured here with PyTorch, independently
+# of the checker's answer key.
+def _layer_outputs(change: str, X: torch.Tensor, perm: torch.Tensor | None) -> torch.Tensor:
+    torch.manual_seed(0)
+    d = X.shape[-1]
+    bias = change == "b"
+    W_q, W_k, W_v = (torch.nn.Linear(d, 4, bias=bias).double() for _ in range(3))
+    if change == "a":  # a few training steps towards a random target
+        params = [p for m in (W_q, W_k, W_v) for p in m.parameters()]
+        opt = torch.optim.SGD(params, lr=0.5)
+        target = torch.randn(X.shape[0], 4, dtype=torch.float64)
+        for _ in range(5):
+            opt.zero_grad()
+            q, k, v = W_q(X), W_k(X), W_v(X)
+            ((F.scaled_dot_product_attention(q, k, v) - target) ** 2).mean().backward()
+            opt.step()
+    x = X if perm is None else X[perm]
+    if change == "d":  # positions added after the shuffle
+        from shared.positional import sinusoidal_positional_encoding
+        x = x + torch.tensor(sinusoidal_positional_encoding(X.shape[0], d))
+    scale = 1 / 4 if change == "f" else None  # 1/d_k instead of 1/sqrt(d_k)
+    with torch.no_grad():
+        z = F.scaled_dot_product_attention(W_q(x), W_k(x), W_v(x), is_causal=change == "c",
+                                           scale=scale)
+        if change == "e":  # a second layer on top (same shapes: d -> 4 -> 4)
+            W2 = [torch.nn.Linear(4, 4).double() for _ in range(3)]
+            z = F.scaled_dot_product_attention(*(W(z) for W in W2))
+    return z
+
+
+def test_breaks_it_answer_key_is_measured():
+    X = torch.randn(6, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    perm = torch.tensor([5, 2, 0, 4, 1, 3])
+    measured = set()
+    for change in "abcdef":
+        gap = (_layer_outputs(change, X, perm) - _layer_outputs(change, X, None)[perm]).abs().max()
+        assert gap < 1e-12 or gap > 1e-2, (change, gap)
+        if gap > 1e-2:
+            measured.add(change)
+    assert measured == {"c", "d"} == {k for k, (b, _) in nb02._CHANGES.items() if b}
+
+
+@pytest.mark.parametrize("answer, hint", [
+    ({"d"}, "(c) breaks it too"),
+    ("cde", "(e) does not break it"),
+    ({"c", "d", "f"}, "(f) does not break it"),
+    ({"b", "c", "d"}, "(b) does not break it"),
+    ({"c", "g"}, "the options are the letters"),
+    (3, "a set of letters"),
+])
+def test_breaks_it_hints(capsys, answer, hint):
+    assert ex.check_recover_permutation(perm_ok, answer).passed is False
+    out = capsys.readouterr().out
+    assert hint in out, out
+
+
+def test_breaks_it_accepts_any_spelling(capsys):
+    for answer in ({"c", "d"}, ["D", "c"], "c, d", ("d", "c")):
+        assert ex.check_recover_permutation(perm_ok, answer).passed is True, capsys.readouterr().out
+
+
+# 2.2, second part: the variance of a fresh nn.Linear head's scaled scores ---------------------
+def test_init_variance_is_one_ninth_by_an_independent_simulation():
+    """NumPy, float64, uniform weights drawn directly (not nn.Linear): 1/9 within 2%."""
+    rng = np.random.default_rng(0)
+    d_in, d_k, values = 64, 32, []
+    for _ in range(40):
+        a = 1 / math.sqrt(d_in)
+        W_q, W_k = (rng.uniform(-a, a, size=(d_in, d_k)) for _ in range(2))
+        X = rng.standard_normal((200, d_in))
+        values.append(((X @ W_q) @ (X @ W_k).T / math.sqrt(d_k)).var())
+    assert abs(np.mean(values) * 9 - 1) < 0.02
+    assert nb02._INIT_VARIANCE == pytest.approx(1 / 9)
+
+
+def variance_ok(d_in, d_k, T):
+    W_query, W_key = (torch.nn.Linear(d_in, d_k, bias=False) for _ in range(2))
+    X = torch.randn(T, d_in)
+    with torch.no_grad():
+        return (W_query(X) @ W_key(X).T / math.sqrt(d_k)).var().item()
+
+
+def variance_inputs_first(d_in, d_k, T):  # another draw order, a tensor answer
+    X = torch.randn(T, d_in)
+    Q = torch.nn.Linear(d_in, d_k, bias=False)(X)
+    K = torch.nn.Linear(d_in, d_k, bias=False)(X)
+    return (Q @ K.T / d_k ** 0.5).detach().var()
+
+
+def variance_numpy(d_in, d_k, T):
+    W_query, W_key = (torch.nn.Linear(d_in, d_k, bias=False) for _ in range(2))
+    X = np.random.default_rng(d_in).standard_normal((T, d_in))
+    Q, K = X @ W_query.weight.detach().numpy().T, X @ W_key.weight.detach().numpy().T
+    return float((Q @ K.T / np.sqrt(d_k)).var())
+
+
+@pytest.mark.parametrize("answer", [variance_ok, variance_inputs_first, variance_numpy])
+def test_init_variance_accepts(capsys, answer):
+    for prediction in (1 / 9, 0.1111, torch.tensor(1 / 9)):
+        assert ex.check_init_variance(prediction, answer).passed is True, capsys.readouterr().out
+
+
+def test_init_variance_measurement_has_margin():
+    """On the hidden sizes, a correct measurement lies well inside the tolerance for many seeds."""
+    worst = 0.0
+    for seed in range(30):
+        for d_in, d_k, T in nb02._INIT_CASES:
+            torch.manual_seed(seed)
+            worst = max(worst, abs(variance_ok(d_in, d_k, T) * 9 - 1))
+    assert worst < nb02._MEASURE_TOL / 2, worst
+
+
+def _variance_times(factor_of):
+    def score_variance(d_in, d_k, T):
+        return variance_ok(d_in, d_k, T) * factor_of(d_in, d_k)
+    return score_variance
+
+
+def variance_random_weights(d_in, d_k, T):  # torch.randn weights instead of nn.Linear's
+    W_q, W_k, X = torch.randn(d_in, d_k), torch.randn(d_in, d_k), torch.randn(T, d_in)
+    return ((X @ W_q) @ (X @ W_k).T / math.sqrt(d_k)).var().item()
+
+
+def variance_uniform_inputs(d_in, d_k, T):  # torch.rand: mean 1/2, variance 1/12
+    W_query, W_key = (torch.nn.Linear(d_in, d_k, bias=False) for _ in range(2))
+    X = torch.rand(T, d_in)
+    return (W_query(X) @ W_key(X).T / math.sqrt(d_k)).detach().var().item()
+
+
+def variance_of_Q(d_in, d_k, T):
+    return torch.nn.Linear(d_in, d_k, bias=False)(torch.randn(T, d_in)).detach().var().item()
+
+
+def variance_constant(d_in, d_k, T):
+    return 1 / 9
+
+
+@pytest.mark.parametrize("prediction, answer, hint", [
+    (1.0, variance_ok, "section 2's assumption"),
+    (1 / 3, variance_ok, "1/3 is Var(q_i)"),
+    (1 / 144, variance_ok, "width is 2a"),
+    (1 / 81, variance_ok, "squared once too often"),
+    (0.108, variance_ok, "close, but a derivation gives an exact value"),
+    (0.5, variance_ok, "derive it in steps"),
+    ("1/9", variance_ok, "without quotes"),
+    (1 / 9, _variance_times(lambda d_in, d_k: d_k), "not divided by sqrt(d_k)"),
+    (1 / 9, _variance_times(lambda d_in, d_k: 1 / d_k), "you divided the scores by d_k"),
+    (1 / 9, variance_of_Q, "the variance of Q's entries"),
+    (1 / 9, variance_random_weights, "weights of variance 1 (torch.randn?)"),
+    (1 / 9, variance_uniform_inputs, "far from your prediction"),
+    (1 / 9, variance_constant, "for every size"),
+])
+def test_init_variance_hints(capsys, prediction, answer, hint):
+    assert ex.check_init_variance(prediction, answer).passed is False
+    out = capsys.readouterr().out
+    assert hint in out and out.count("\n") == 1, out
+
+
+def test_init_variance_mistakes_are_apart():
+    """On every hidden size, each mistake the hints name is far outside the others' tolerance."""
+    tol = nb02._MEASURE_TOL
+    for d_in, d_k, _ in nb02._INIT_CASES:
+        values = sorted([1 / 9, d_k / 9, 1 / (9 * d_k), 1 / 3, d_in ** 2])
+        for lo, hi in zip(values, values[1:], strict=False):
+            assert hi / lo > ((1 + tol) / (1 - tol)) * 1.5, (d_k, lo, hi)

@@ -26,6 +26,7 @@ from .nb01 import _numbers, _scalar
 __all__ = [
     "check_attend_to_one",
     "check_score_scale",
+    "check_init_variance",
     "check_shift_matrix",
     "check_recover_permutation",
     "check_attention_bug_fix",
@@ -128,6 +129,93 @@ def check_score_scale(score_scale):
 
 
 # --------------------------------------------------------------------------------------------
+# 2.2, second part: predict the variance of a fresh nn.Linear head's scaled scores, then measure
+# --------------------------------------------------------------------------------------------
+_INIT_VARIANCE = 1.0 / 9.0  # Var(W) = 1/(3 d_in) -> Var(q_i) = 1/3 -> Var(q . k / sqrt(d_k)) = 1/9
+_PREDICTION_TOL = 1e-3
+# (d_in, d_k, T): large enough that one fresh head measures 1/9 to within 2-3.5% (one standard
+# deviation; the worst of 100 seeds was 10% off), every d_k different so that each wrong scale
+# gives a different number
+_INIT_CASES = ((256, 64, 256), (512, 16, 256), (128, 32, 512))
+_MEASURE_TOL = 0.25  # relative: over 7 standard deviations; the nearest mistake (1/3) is 3x away
+
+
+def _prediction_hint(p: float) -> str | None:
+    """The mistake behind a predicted variance, if it is a typical one."""
+    for value, hint in (
+        (1.0, "1 would need every entry of q and k to have variance 1 (section 2's assumption); "
+              "nn.Linear's weights are uniform on [-1/sqrt(d_in), 1/sqrt(d_in)], so first work "
+              "out Var(q_i) = d_in * Var(W)"),
+        (1.0 / 3.0, "1/3 is Var(q_i), the variance of one entry of a query (or of a key); a score "
+                    "term multiplies a q entry by a k entry: Var(q_i k_i) = Var(q_i) Var(k_i)"),
+        (1.0 / 144.0, "a uniform distribution on [-a, a] has variance (2a)^2/12 = a^2/3 (its "
+                      "width is 2a, not a)"),
+        (1.0 / 81.0, "you squared once too often: Var(q_i) = d_in * 1/(3 d_in) = 1/3, and "
+                     "Var(q_i k_i) = 1/3 * 1/3"),
+        (1.0 / 3.0 ** 0.5, "that is a standard deviation; the question asks for a variance"),
+    ):
+        if math.isclose(p, value, rel_tol=1e-3):
+            return hint
+    return None
+
+
+@_checker
+def check_init_variance(predicted_variance, score_variance=None):
+    """Exercise 2.2, second part: ``predicted_variance``, the variance of ``Q K^T / sqrt(d_k)``
+    for freshly initialised ``nn.Linear(d_in, d_k, bias=False)`` query and key layers on inputs
+    with independent standard-normal entries (1/9, derived by hand), and
+    ``score_variance(d_in, d_k, T)`` -> that variance, measured (a float) on T random tokens."""
+    import torch
+
+    if predicted_variance is None:
+        raise _NotAttempted("predicted_variance is still None: derive the number first")
+    p = _scalar(predicted_variance, "predicted_variance")
+    if abs(p - _INIT_VARIANCE) > _PREDICTION_TOL:
+        hint = _prediction_hint(p)
+        if hint is None and abs(p - _INIT_VARIANCE) < 0.02:
+            hint = ("close, but a derivation gives an exact value (a fraction is fine): "
+                    "Var(W) -> Var(q_i) -> Var(q_i k_i) -> the sum over d_k -> the scale")
+        raise _Wrong(f"predicted_variance = {p:.4f}: " + (hint or (
+            "derive it in steps: the variance of one weight of nn.Linear (uniform on "
+            "[-1/sqrt(d_in), 1/sqrt(d_in)]), then Var(q_i), then Var(q_i k_i), then the sum over "
+            "d_k terms divided by d_k")))
+    if score_variance is None:
+        raise _NotAttempted("your prediction is right; now write score_variance to measure it")
+    measured = []
+    for seed, (d_in, d_k, T) in enumerate(_INIT_CASES):
+        torch.manual_seed(seed)
+        got = _scalar(_call(score_variance, d_in, d_k, T, name="score_variance"),
+                      "the measured variance")
+        measured.append(got)
+        where = f"for d_in = {d_in}, d_k = {d_k}, T = {T} you measured {got:.4f}"
+        if abs(got / _INIT_VARIANCE - 1.0) <= _MEASURE_TOL:
+            continue
+        for value, hint in (
+            (d_k / 9.0, f"that is about d_k / 9 = {d_k / 9:.4f}: the scores were not divided by "
+                        "sqrt(d_k)"),
+            (1.0 / (9.0 * d_k), "that is about 1 / (9 d_k): you divided the scores by d_k; divide "
+                                "by sqrt(d_k)"),
+            (1.0 / 3.0, "that is about 1/3: the standard deviation of the scores (take .var(), "
+                        "not .std()), or the variance of Q's entries rather than of Q K^T"),
+            (float(d_in) ** 2, f"that is about d_in^2 = {d_in ** 2}: weights of variance 1 "
+                               "(torch.randn?); use nn.Linear's own initialisation, variance "
+                               "1/(3 d_in)"),
+        ):
+            if abs(got / value - 1.0) <= _MEASURE_TOL:
+                raise _Wrong(f"{where}; {hint}")
+        raise _Wrong(f"{where}, far from your prediction 1/9 = {_INIT_VARIANCE:.4f}: build fresh "
+                     "nn.Linear(d_in, d_k, bias=False) layers for the queries and keys, X = "
+                     "torch.randn(T, d_in), and return the variance of all T * T entries of "
+                     "Q @ K.T / sqrt(d_k)")
+    if len(set(measured)) == 1:
+        raise _Wrong(f"score_variance returned {measured[0]:.4f} for every size: that is not a "
+                     "measurement; build the layers and the inputs inside the function")
+    return ("1/9, measured for three head sizes: nn.Linear's initialisation gives Var(q_i) = 1/3, "
+            "so dividing by sqrt(d_k) alone leaves the scaled scores at variance 1/9, whatever "
+            "d_in and d_k.")
+
+
+# --------------------------------------------------------------------------------------------
 # 2.3 A shift of k positions is one matrix
 # --------------------------------------------------------------------------------------------
 def _shift_reference(k: int, d_model: int, base: float, exponent: float = 2.0,
@@ -201,11 +289,45 @@ def _attention_outputs(X: np.ndarray, W: tuple) -> np.ndarray:
     return _softmax(S) @ (X @ W_v)
 
 
+# Which changes to the layer (or its input) stop Z_shuffled from being a reordering of Z's rows?
+_CHANGES = {
+    "a": (False, "trained or random, W_q, W_k and W_v are the same for every token: section 6's "
+                 "argument holds for any matrices"),
+    "b": (False, "a bias in the three nn.Linear layers is added to every token alike: x W + b is "
+                 "still one map applied to each token on its own, so the argument holds"),
+    "c": (True, "a causal mask: token i then sees only tokens 0..i, so WHICH tokens it sees "
+                "depends on the order (section 6's last line)"),
+    "d": (True, "positional encodings added after the shuffle: the shuffled tokens get different "
+                "positions added, so they are different inputs (section 7's check)"),
+    "e": (False, "two layers stacked: the first maps X[perm] to Z[perm], a reordering, and the "
+                 "second reorders again; no order enters anywhere"),
+    "f": (False, "dividing the scores by d_k instead of sqrt(d_k) changes the weights for every "
+                 "order alike; the argument never used the scale"),
+}
+
+
+def _letters(answer, what: str) -> set[str]:
+    """A learner's set (list, tuple, or a string such as "ac") of option letters."""
+    if isinstance(answer, str):
+        answer = [ch for ch in answer if not (ch.isspace() or ch in ",;")]
+    if isinstance(answer, dict) or not isinstance(answer, (set, frozenset, list, tuple)):
+        raise _Wrong(f"{what} should be a set of letters such as {{\"a\", \"b\"}} (or set() for "
+                     f"none); got {type(answer).__name__}")
+    letters = set()
+    for a in answer:
+        if not (isinstance(a, str) and a.strip().lower() in _CHANGES):
+            raise _Wrong(f"{what} contains {a!r}; the options are the letters "
+                         f"{', '.join(sorted(_CHANGES))}")
+        letters.add(a.strip().lower())
+    return letters
+
+
 @_checker
-def check_recover_permutation(recover_permutation):
+def check_recover_permutation(recover_permutation, breaks_it=None):
     """Exercise 2.4: ``recover_permutation(Z, Z_shuffled)`` -> integer array ``perm`` with
     ``Z_shuffled[i] = Z[perm[i]]`` (up to rounding), where ``Z_shuffled`` are the outputs of a
-    self-attention layer for the shuffled tokens ``X[perm]``."""
+    self-attention layer for the shuffled tokens ``X[perm]``; ``breaks_it``: the set of letters
+    of the changes (options a-f of the notebook) after which that no longer holds, {"c", "d"}."""
     rng = _rng(204)
     for T, d in ((6, 4), (9, 3), (5, 5), (1, 2)):
         X = rng.normal(size=(T, d))
@@ -245,8 +367,19 @@ def check_recover_permutation(recover_permutation):
         raise _Wrong(f"Z[perm] differs from Z_shuffled by up to "
                      f"{_maxdiff(Z[got], Z_shuffled)}: row i of Z_shuffled must be row perm[i] "
                      "of Z")
-    return ("the outputs are the same vectors, reordered: without positions the layer cannot "
-            "tell the two word orders apart.")
+    if breaks_it is None:
+        raise _NotAttempted("recover_permutation works; now answer breaks_it: which changes "
+                            "would make it fail?")
+    chosen = _letters(breaks_it, "breaks_it")
+    for letter in sorted(_CHANGES):
+        breaks, why = _CHANGES[letter]
+        if breaks and letter not in chosen:
+            raise _Wrong(f"your function works, but ({letter}) breaks it too: {why}")
+        if letter in chosen and not breaks:
+            raise _Wrong(f"your function works, but ({letter}) does not break it: {why}")
+    return ("each output depends on its own token and the SET of all tokens, so a shuffle only "
+            "reorders the rows; only something that depends on position (a causal mask, "
+            "positional encodings) breaks that.")
 
 
 # --------------------------------------------------------------------------------------------

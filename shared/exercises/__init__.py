@@ -20,8 +20,8 @@ The exercises, by notebook (the checker names say what they check):
 
 * 01: ``check_predicted_row``, ``check_log_softmax``, ``check_cosine_attention``,
   ``check_design_embeddings``, ``check_spot_the_bug``.
-* 02: ``check_attend_to_one``, ``check_score_scale``, ``check_shift_matrix``,
-  ``check_recover_permutation``, ``check_attention_bug_fix``.
+* 02: ``check_attend_to_one``, ``check_score_scale``, ``check_init_variance``,
+  ``check_shift_matrix``, ``check_recover_permutation``, ``check_attention_bug_fix``.
 * 03: ``check_sliding_window_attention``, ``check_window_pairs``, ``check_expected_empty_rows``,
   ``check_causal_bug_fix``.
 * 04: ``check_fixed_multi_head``, ``check_duplicate_token_head``, ``check_attention_parameters``.

@@ -23,7 +23,8 @@ Masks follow the course: boolean, True = may attend, ``causal`` aligned top-left
 ``F.scaled_dot_product_attention(is_causal=True)``. A query that may attend to nothing gets a zero
 output and zero gradients, never NaN: its ``L`` is set to ``+inf`` (a convention FlashAttention's
 kernels share; the true log-sum-exp, ``-inf``, would make ``exp(S - L)`` NaN), so its
-recomputed ``P`` is 0. float16/bfloat16 inputs are computed in float32 and the gradients rounded back at the end.
+recomputed ``P`` is 0. float16/bfloat16 inputs are computed in float32 and the gradients rounded
+back at the end.
 """
 
 from __future__ import annotations

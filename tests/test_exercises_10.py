@@ -291,6 +291,14 @@ def test_fixed_backward_wrong(capsys, answer, hint):
     assert result.passed is False and hint in out, out
 
 
+def test_fixed_backward_old_signature(capsys):
+    """Forgetting the causal argument is reported as it is, with no advice about autograd."""
+    def without_causal(Q, K, V, O, L, dO, block_size):
+        return backward_whole_matrix(Q, K, V, O, L, dO, block_size, False)
+    result, out = run(capsys, ex.check_fixed_backward, without_causal)
+    assert result.passed is False and "TypeError" in out and "autograd" not in out, out
+
+
 # 10.4 ------------------------------------------------------------------------------------------
 def saved_ok(layers, batch, heads, head_dim, T, nbytes, flash):
     if flash:

@@ -48,9 +48,15 @@ def _forward(Q, K, V, tau=1.0):
 def _no_autograd_hint(fn, *args, name: str):
     """Call learner code with autograd switched off (the exercise is to derive the gradient)."""
     with torch.no_grad():
-        return _call(fn, *args, name=name,
-                     on_error="autograd is off inside this checker: derive the gradient from "
-                              "dS = P * (dP - D) instead of calling .backward()")
+        try:
+            return _call(fn, *args, name=name)
+        except _Wrong as e:  # add the advice only where autograd was what failed
+            message = e.args[0]
+            if " raised " in message and "grad" in message.split(" when called with ")[0]:
+                raise _Wrong(f"{message} (autograd is off inside this checker: derive the "
+                             "gradient from dS = P * (dP - D) instead of calling .backward())"
+                             ) from None
+            raise
 
 
 # --------------------------------------------------------------------------------------------

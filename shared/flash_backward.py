@@ -10,17 +10,21 @@ loss with upstream gradient ``dO`` are
 Autograd on naive attention keeps ``P`` ``(..., T_q, T_k)`` from the forward pass for this. The
 flash backward keeps only the output ``O`` and each row's log-sum-exp ``L`` (from
 ``shared.flash.tiled_attention(..., return_lse=True)``) and recomputes every tile of ``P`` as
-``exp(S_tile - L)`` when it needs it (Dao et al. 2022, Algorithm 4). The loop order is
-FlashAttention-2's (Dao 2023): the outer loop walks the key/value blocks and keeps that block's
-``dK`` and ``dV`` as running sums; the inner loop walks the query blocks and adds each tile's
-share into ``dQ``. Extra memory beyond the inputs and their gradients: ``D`` and ``L``
-``(N, T_q)`` and a few ``(N, block_size, block_size)`` tiles, where ``N`` is batch x heads;
-nothing of size ``T_q x T_k``.
+``exp(S_tile - L)`` when it needs it. The loop is that of FlashAttention's backward pass (Dao et
+al. 2022, Algorithm 4): the outer loop walks the key/value blocks and keeps that block's ``dK``
+and ``dV`` as running sums; the inner loop walks the query blocks and adds each tile's share into
+``dQ``. Keeping the single ``L = m + log(l)`` per query instead of the running max ``m`` and sum
+``l`` is FlashAttention-2's (Dao 2023), which also runs one GPU thread block per key block in the
+backward and adds into ``dQ`` atomically. Extra memory beyond the inputs and their gradients:
+``D`` and ``L`` ``(N, T_q)`` and a few ``(N, block_size, block_size)`` tiles, where ``N`` is
+batch x heads; nothing of size ``T_q x T_k``.
 
 Masks follow the course: boolean, True = may attend, ``causal`` aligned top-left like
 ``F.scaled_dot_product_attention(is_causal=True)``. A query that may attend to nothing gets a zero
-output and zero gradients (its ``L`` is ``+inf``, so its recomputed ``P`` is 0), never NaN.
-float16/bfloat16 inputs are computed in float32 and the gradients rounded back at the end.
+output and zero gradients, never NaN: its ``L`` is set to ``+inf`` (a convention FlashAttention's
+kernels share; the true log-sum-exp, ``-inf``, would make ``exp(S - L)`` NaN), so its
+recomputed ``P`` is 0. float16/bfloat16 inputs are computed in float32 and the gradients rounded
+back at the end.
 """
 
 from __future__ import annotations

@@ -3,12 +3,15 @@ for the shipped stub, and rejects typical wrong answers with the hint that names
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
 import torch
 
+from shared.benchmark import cpu_peak_memory
 from shared.exercises import nb10 as ex
+from shared.flash_backward import flash_attention
 
 NA, OK = "not attempted yet", "correct!"
 
@@ -30,7 +33,8 @@ def stub_raises(*args, **kwargs):
 
 
 @pytest.mark.parametrize("checker", [ex.check_temperature_grad, ex.check_bias_grads,
-                                     ex.check_fixed_backward, ex.check_attention_saved_bytes])
+                                     ex.check_fixed_backward, ex.check_attention_saved_bytes,
+                                     ex.check_memory_crossover])
 @pytest.mark.parametrize("answer", [stub, stub_raises])
 def test_stubs_are_not_attempted(capsys, checker, answer):
     result, out = run(capsys, checker, answer)
@@ -101,10 +105,30 @@ def temperature_autograd(Q, K, V, dO, tau):
     return g
 
 
+def temperature_ignores_flat_rows(Q, K, V, dO, tau):
+    """Right in general, but not 0 when every row of S is constant (it adds rowsum(S) * 1e-3)."""
+    S, P, dP, dS = _tau_parts(Q, K, V, dO, tau)
+    return -(dS * S).sum() / tau + 1e-3 * float((K[:, :1] == K).all()) * S.sum()
+
+
 @pytest.mark.parametrize("answer", [temperature_ok, temperature_finite_difference])
 def test_temperature_correct(capsys, answer):
     result, out = run(capsys, ex.check_temperature_grad, answer)
-    assert result.passed is True, out
+    assert result.passed is True and "it is 0" in out, out
+
+
+def test_temperature_equal_keys_case_is_zero():
+    """The hidden equal-keys case: an independent float64 finite difference gives 0 too."""
+    gen = torch.Generator().manual_seed(0)
+    Q = torch.randn(2, 5, 3, generator=gen, dtype=torch.float64)
+    K = torch.randn(2, 1, 3, generator=gen, dtype=torch.float64).expand(2, 5, 3)
+    V, dO = (torch.randn(2, 5, 3, generator=gen, dtype=torch.float64) for _ in range(2))
+    assert abs(temperature_finite_difference(Q, K, V, dO, 1.3)) < 1e-9
+
+
+def test_temperature_flat_rows_wrong(capsys):
+    result, out = run(capsys, ex.check_temperature_grad, temperature_ignores_flat_rows)
+    assert result.passed is False and "every key the same vector" in out, out
 
 
 @pytest.mark.parametrize("answer, hint", [
@@ -166,9 +190,21 @@ def bias_one(Q, K, V, dO):
 
 
 @pytest.mark.parametrize("answer", [bias_ok, bias_zero_rows])
-def test_bias_correct(capsys, answer):
-    result, out = run(capsys, ex.check_bias_grads, answer)
-    assert result.passed is True and "dr is zero" in out, out
+@pytest.mark.parametrize("prediction", [0, 0.0, torch.tensor(1e-17)])
+def test_bias_correct(capsys, answer, prediction):
+    result, out = run(capsys, ex.check_bias_grads, answer, prediction)
+    assert result.passed is True and "dc.sum() = 0" in out, out
+
+
+def test_bias_prediction_missing(capsys):
+    result, out = run(capsys, ex.check_bias_grads, bias_ok)
+    assert result.passed is None and "predicted_dc_sum" in out, out
+
+
+@pytest.mark.parametrize("prediction", [1.0, -0.3, "zero", float("nan")])
+def test_bias_prediction_wrong(capsys, prediction):
+    result, out = run(capsys, ex.check_bias_grads, bias_ok, prediction)
+    assert result.passed is False and "predicted" in out, out
 
 
 @pytest.mark.parametrize("answer, hint", [
@@ -179,62 +215,88 @@ def test_bias_correct(capsys, answer):
     (bias_one, "return a pair (dr, dc)"),
 ])
 def test_bias_wrong(capsys, answer, hint):
-    result, out = run(capsys, ex.check_bias_grads, answer)
+    result, out = run(capsys, ex.check_bias_grads, answer, 0.0)
     assert result.passed is False and hint in out, out
 
 
 # 10.3 ------------------------------------------------------------------------------------------
-def make_backward(q_scale=True, k_scale=True, s_scale=True, k_scale_twice=False, order=(0, 1, 2),
-                  skip_last_block=False):
-    def backward(Q, K, V, O, L, dO, block_size):
+def make_backward(mask="ok", start="diagonal", diagonal_only=False, q_scale=True, k_scale=True,
+                  order=(0, 1, 2), ignore_causal=False):
+    """A tiled backward written for the tests (independent of the checker's): ``mask`` is "ok",
+    "none" (the exercise's bug), "self" (hides the diagonal too), "dS" (masks dS only) or
+    "always" (masks even when causal=False); ``start`` is "diagonal" or "zero" (the first query
+    block of the inner loop); ``diagonal_only`` masks only the tile on the diagonal."""
+    def backward(Q, K, V, O, L, dO, block_size, causal):
+        use_causal = causal and not ignore_causal
         N, T, d = Q.shape
         scale = 1 / math.sqrt(d)
         D = (dO * O).sum(-1, keepdim=True)
         dQ, dK, dV = torch.zeros_like(Q), torch.zeros_like(K), torch.zeros_like(V)
-        stop = T - T % block_size if skip_last_block and T % block_size else T
-        for k0 in range(0, stop, block_size):
+        for k0 in range(0, T, block_size):
             k1 = min(k0 + block_size, T)
-            for q0 in range(0, T, block_size):
+            first = k0 if use_causal and start == "diagonal" else 0
+            for q0 in range(first, T, block_size):
                 q1 = min(q0 + block_size, T)
-                S = Q[:, q0:q1] @ K[:, k0:k1].transpose(1, 2) * (scale if s_scale else 1.0)
+                i = torch.arange(q0, q1)[:, None]
+                j = torch.arange(k0, k1)[None, :]
+                hide = (j >= i) if mask == "self" else (j > i)
+                S = Q[:, q0:q1] @ K[:, k0:k1].transpose(1, 2) * scale
+                if (use_causal or mask == "always") and mask in ("ok", "self", "always") and (
+                        not diagonal_only or q0 == k0):
+                    S = S.masked_fill(hide, float("-inf"))
                 P = torch.exp(S - L[:, q0:q1, None])
                 dV[:, k0:k1] += P.transpose(1, 2) @ dO[:, q0:q1]
-                dP = dO[:, q0:q1] @ V[:, k0:k1].transpose(1, 2)
-                dS = P * (dP - D[:, q0:q1])
+                dS = P * (dO[:, q0:q1] @ V[:, k0:k1].transpose(1, 2) - D[:, q0:q1])
+                if use_causal and mask == "dS":
+                    dS = dS.masked_fill(hide, 0.0)
                 dQ[:, q0:q1] += dS @ K[:, k0:k1] * (scale if q_scale else 1.0)
-                dK[:, k0:k1] += dS.transpose(1, 2) @ Q[:, q0:q1] * (
-                    (scale**2 if k_scale_twice else scale) if k_scale else 1.0)
+                dK[:, k0:k1] += dS.transpose(1, 2) @ Q[:, q0:q1] * (scale if k_scale else 1.0)
         grads = (dQ, dK, dV)
         return tuple(grads[i] for i in order)
     return backward
 
 
-def backward_autograd_free_reference(Q, K, V, O, L, dO, block_size):
-    """Whole-matrix gradients (no tiles): an equally correct answer."""
-    P = torch.softmax(Q @ K.transpose(1, 2) / math.sqrt(Q.shape[-1]), dim=-1)
+def backward_whole_matrix(Q, K, V, O, L, dO, block_size, causal):
+    """Whole-matrix gradients (no tiles), the mask as -inf before a softmax: equally correct."""
+    S = Q @ K.transpose(1, 2) / math.sqrt(Q.shape[-1])
+    if causal:
+        S = S.masked_fill(~torch.ones(S.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
+    P = torch.softmax(S, dim=-1)
     dP = dO @ V.transpose(1, 2)
     dS = P * (dP - (dO * O).sum(-1, keepdim=True))
     s = 1 / math.sqrt(Q.shape[-1])
     return dS @ K * s, dS.transpose(1, 2) @ Q * s, P.transpose(1, 2) @ dO
 
 
-@pytest.mark.parametrize("answer", [make_backward(), backward_autograd_free_reference])
+@pytest.mark.parametrize("answer", [make_backward(), make_backward(start="zero"),
+                                    backward_whole_matrix])
 def test_fixed_backward_correct(capsys, answer):
     result, out = run(capsys, ex.check_fixed_backward, answer)
     assert result.passed is True, out
 
 
 @pytest.mark.parametrize("answer, hint", [
+    (make_backward(mask="none"), "inside the tile on the diagonal"),
+    (make_backward(mask="self"), "a query may attend to itself"),
+    (make_backward(mask="dS"), "mask P itself, not only dS"),
+    (make_backward(start="zero", diagonal_only=True), "tiles above the diagonal"),
+    (make_backward(mask="always"), "with causal=False there is no mask"),
+    (make_backward(ignore_causal=True), "use the causal argument"),
     (make_backward(q_scale=False, k_scale=False), "dQ is sqrt(d) times too large"),
     (make_backward(k_scale=False), "dK is sqrt(d) times too large"),
-    (make_backward(k_scale_twice=True), "dK is sqrt(d) times too small"),
-    (make_backward(s_scale=False), "recompute each tile of P"),
-    (make_backward(skip_last_block=True), "dV = P^T dO is off"),
     (make_backward(order=(1, 0, 2)), "wrong order"),
 ])
 def test_fixed_backward_wrong(capsys, answer, hint):
     result, out = run(capsys, ex.check_fixed_backward, answer)
     assert result.passed is False and hint in out, out
+
+
+def test_fixed_backward_old_signature(capsys):
+    """Forgetting the causal argument is reported as it is, with no advice about autograd."""
+    def without_causal(Q, K, V, O, L, dO, block_size):
+        return backward_whole_matrix(Q, K, V, O, L, dO, block_size, False)
+    result, out = run(capsys, ex.check_fixed_backward, without_causal)
+    assert result.passed is False and "TypeError" in out and "autograd" not in out, out
 
 
 # 10.4 ------------------------------------------------------------------------------------------
@@ -301,10 +363,44 @@ def saved_elements(layers, batch, heads, head_dim, T, nbytes, flash):
     return layers * batch * heads * T * T
 
 
+def longest(bytes_per_T_squared, budget=16 * 2**30):
+    """Brute force, independent of the checker's integer square root."""
+    return max(T for T in range(1, 20_000) if bytes_per_T_squared * T * T <= budget)
+
+
+T_MAX = longest(12 * 8 * 12 * 2)  # GPT-2 small, batch 8, bfloat16
+
+
+def test_T_max_by_hand():
+    # 16 GiB / (12 layers * 8 * 12 heads * 2 bytes) = 2**34 / 2304 = 7456540.4..., sqrt = 2730.67
+    assert T_MAX == 2730
+
+
 @pytest.mark.parametrize("answer", [saved_ok, saved_by_allocation])
-def test_saved_bytes_correct(capsys, answer):
-    result, out = run(capsys, ex.check_attention_saved_bytes, answer)
-    assert result.passed is True and "4.5 GiB" in out, out
+@pytest.mark.parametrize("T_max", [T_MAX, float(T_MAX)])
+def test_saved_bytes_correct(capsys, answer, T_max):
+    result, out = run(capsys, ex.check_attention_saved_bytes, answer, T_max)
+    assert result.passed is True and "T_max = 2730" in out, out
+
+
+def test_saved_bytes_T_max_missing(capsys):
+    result, out = run(capsys, ex.check_attention_saved_bytes, saved_ok)
+    assert result.passed is None and "now set T_max" in out, out
+
+
+@pytest.mark.parametrize("T_max, hint", [
+    (T_MAX + 1, "round down"),
+    (longest(12 * 8 * 12 * 4), "2 bytes per number"),
+    (longest(12 * 8 * 12 * 2, 16e9), "not 16e9"),
+    (longest(8 * 12 * 2), "a factor 12 is missing"),
+    (longest(12 * 12 * 2), "count the batch of 8"),
+    (16 * 2**30 // (12 * 8 * 12 * (64 * 2 + 4)), "flash's budget"),
+    (2048, "not the longest context"),
+    ("long", "whole number"),
+])
+def test_saved_bytes_T_max_wrong(capsys, T_max, hint):
+    result, out = run(capsys, ex.check_attention_saved_bytes, saved_ok, T_max)
+    assert result.passed is False and hint in out, out
 
 
 @pytest.mark.parametrize("answer, hint", [
@@ -319,5 +415,98 @@ def test_saved_bytes_correct(capsys, answer):
     (saved_elements, "multiply the number of elements by dtype_bytes"),
 ])
 def test_saved_bytes_wrong(capsys, answer, hint):
-    result, out = run(capsys, ex.check_attention_saved_bytes, answer)
+    result, out = run(capsys, ex.check_attention_saved_bytes, answer, T_MAX)
+    assert result.passed is False and hint in out, out
+
+
+# 10.5 ------------------------------------------------------------------------------------------
+LENGTHS = (32, 64, 128, 256, 512)
+
+
+def textbook_causal(Q, K, V):
+    T = Q.shape[-2]
+    S = (Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])).masked_fill(
+        ~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    return torch.softmax(S, dim=-1) @ V
+
+
+@functools.cache
+def peaks(T, block_size):
+    """(naive, flash) peak bytes of one causal step, measured as a learner would."""
+    gen = torch.Generator().manual_seed(T)
+    Q, K, V = (torch.randn(1, 4, T, 64, generator=gen).requires_grad_() for _ in range(3))
+    dO = torch.randn(1, 4, T, 64, generator=gen)
+
+    def flash(Q, K, V):
+        return flash_attention(Q, K, V, causal=True, block_size=block_size)
+    return [cpu_peak_memory(lambda f=f: torch.autograd.grad(f(Q, K, V), (Q, K, V), dO))
+            for f in (textbook_causal, flash)]
+
+
+def crossover_ok(block_size):
+    for T in LENGTHS:
+        naive, flash = peaks(T, block_size)
+        if flash < naive:
+            return T
+    return LENGTHS[-1]
+
+
+def crossover_one_early(block_size):
+    return LENGTHS[LENGTHS.index(crossover_ok(block_size)) - 1]
+
+
+def crossover_default_block(block_size):
+    return crossover_ok(256)
+
+
+def crossover_constant(block_size):
+    return 128
+
+
+def crossover_float(block_size):
+    return float(crossover_ok(block_size))
+
+
+def crossover_not_a_length(block_size):
+    return crossover_ok(block_size) - 28
+
+
+def test_crossover_values_are_robust():
+    """The hidden cases: flash's peak is clearly above naive's one length before the answer and
+    clearly below at it (by >= 20 %), so the answer cannot flip between CPUs."""
+    for block, answer in ((64, 128), (128, 256)):
+        before = peaks(LENGTHS[LENGTHS.index(answer) - 1], block)
+        at = peaks(answer, block)
+        assert before[1] > 1.2 * before[0] and at[1] * 1.2 < at[0], (block, before, at)
+
+
+@pytest.mark.parametrize("answer", [crossover_ok, crossover_float])
+def test_crossover_correct(capsys, answer):
+    for block in (64, 128):  # measure once outside the checker's time limit (a loaded CI box)
+        answer(block)
+    result, out = run(capsys, ex.check_memory_crossover, answer, 128)
+    assert result.passed is True and "T = 128 with blocks of 64" in out, out
+
+
+def test_crossover_prediction_missing(capsys):
+    result, out = run(capsys, ex.check_memory_crossover, crossover_ok)
+    assert result.passed is None and "predicted_T" in out, out
+
+
+@pytest.mark.parametrize("prediction", [64, 256])
+def test_crossover_prediction_wrong(capsys, prediction):
+    result, out = run(capsys, ex.check_memory_crossover, crossover_ok, prediction)
+    assert result.passed is False and f"you predicted T = {prediction}" in out, out
+
+
+@pytest.mark.parametrize("answer, hint", [
+    (crossover_one_early, "one length too early"),
+    (crossover_default_block, "does not change with the block size"),
+    (crossover_constant, "does not change with the block size"),
+    (crossover_not_a_length, "return one of the lengths"),
+])
+def test_crossover_wrong(capsys, answer, hint):
+    for block in (64, 128):  # measure once outside the checker's time limit (a loaded CI box)
+        answer(block)
+    result, out = run(capsys, ex.check_memory_crossover, answer, 128)
     assert result.passed is False and hint in out, out

@@ -7,18 +7,30 @@ actually made: each wrong-answer candidate is computed on the same hidden cases 
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 import torch
 
-from ._core import _arr, _call, _checker, _close, _diagnose, _maxdiff, _shape, _Wrong
+from ._core import (
+    _arr,
+    _call,
+    _checker,
+    _close,
+    _diagnose,
+    _maxdiff,
+    _NotAttempted,
+    _shape,
+    _Wrong,
+)
 
 __all__ = [
     "check_temperature_grad",
     "check_bias_grads",
     "check_fixed_backward",
     "check_attention_saved_bytes",
+    "check_memory_crossover",
 ]
 
 
@@ -36,9 +48,15 @@ def _forward(Q, K, V, tau=1.0):
 def _no_autograd_hint(fn, *args, name: str):
     """Call learner code with autograd switched off (the exercise is to derive the gradient)."""
     with torch.no_grad():
-        return _call(fn, *args, name=name,
-                     on_error="autograd is off inside this checker: derive the gradient from "
-                              "dS = P * (dP - D) instead of calling .backward()")
+        try:
+            return _call(fn, *args, name=name)
+        except _Wrong as e:  # add the advice only where autograd was what failed
+            message = e.args[0]
+            if " raised " in message and "grad" in message.split(" when called with ")[0]:
+                raise _Wrong(f"{message} (autograd is off inside this checker: derive the "
+                             "gradient from dS = P * (dP - D) instead of calling .backward())"
+                             ) from None
+            raise
 
 
 # --------------------------------------------------------------------------------------------
@@ -50,9 +68,12 @@ def check_temperature_grad(temperature_grad):
     for ``O = softmax(Q K^T / (tau sqrt(d))) V`` and a loss whose gradient with respect to O is
     ``dO``. Shapes: Q, K ``(B, T, d)``, V and dO ``(B, T, d_v)``; tau a positive float."""
     cases = [(2, 5, 4, 3, 0.7), (1, 6, 8, 2, 2.0), (3, 4, 2, 5, 1.6)]  # B, T, d, d_v, tau
+    cases.append((2, 5, 3, 3, 1.3))  # last: every key the same vector (the prediction)
     for case, (B, T, d, d_v, tau) in enumerate(cases):
         gen = torch.Generator().manual_seed(1010 + case)
         Q, K = _randn(gen, B, T, d) * 1.5, _randn(gen, B, T, d) * 1.5
+        if case == len(cases) - 1:
+            K = K[:, :1].expand(B, T, d).clone()
         V, dO = _randn(gen, B, T, d_v), _randn(gen, B, T, d_v)
         got = _no_autograd_hint(temperature_grad, Q, K, V, dO, tau, name="temperature_grad")
         got = _arr(got, "temperature_grad's result")
@@ -85,21 +106,27 @@ def check_temperature_grad(temperature_grad):
             ("the scores are QK^T / (tau sqrt(d)): the 1/sqrt(d) is part of dS/dtau too",
              np.array(float(-(dS * S_unscaled).sum() / tau**2))),
         ], atol=1e-7 * max(1.0, abs(ref)))
+        if case == len(cases) - 1:
+            raise _Wrong(f"with every key the same vector you returned {got:.4g}, not 0: then "
+                         "every row of S is constant, and the sum of dS along a row is 0")
         raise _Wrong(f"for B = {B}, T = {T}, d = {d}, tau = {tau} you returned {got:.4f}; "
                      f"expected {ref:.4f}: write S as S0/tau and apply the chain rule, "
                      "dLoss/dtau = sum(dS * dS/dtau)")
-    return "dLoss/dtau = -sum(dS * S) / tau, and a constant added to a row of S changes nothing"
+    return ("dLoss/dtau = -sum(dS * S) / tau; with equal keys every row of S is a constant and "
+            "every row of dS sums to 0, so it is 0: no temperature changes a flat row")
 
 
 # --------------------------------------------------------------------------------------------
-# 10.2 Row and column biases: why the rows of dS sum to zero
+# 10.2 Biases on the scores
 # --------------------------------------------------------------------------------------------
 @_checker
-def check_bias_grads(bias_grads):
+def check_bias_grads(bias_grads, predicted_dc_sum=None):
     """Exercise 10.2: ``bias_grads(Q, K, V, dO)`` returns ``(dr, dc)``, the gradients of the
     loss with respect to a per-query bias ``r`` ``(T_q,)`` and a per-key bias ``c`` ``(T_k,)``
     in ``S = Q K^T / sqrt(d) + r[:, None] + c[None, :]``, at ``r = c = 0``. Shapes: Q
-    ``(T_q, d)``, K ``(T_k, d)``, V ``(T_k, d_v)``, dO ``(T_q, d_v)``."""
+    ``(T_q, d)``, K ``(T_k, d)``, V ``(T_k, d_v)``, dO ``(T_q, d_v)``.
+    ``predicted_dc_sum``: the learner's prediction of ``dc.sum()`` (a number), made before
+    coding."""
     cases = [(4, 6, 3, 2), (5, 3, 4, 4), (7, 7, 2, 3)]  # T_q, T_k, d, d_v
     for case, (T_q, T_k, d, d_v) in enumerate(cases):
         gen = torch.Generator().manual_seed(1020 + case)
@@ -137,8 +164,19 @@ def check_bias_grads(bias_grads):
             raise _Wrong(f"{what} (T_q = {T_q}, T_k = {T_k}) is off by up to "
                          f"{_maxdiff(got, (dS.sum(sums)).numpy())}: d(score)/d(bias) is 1 for "
                          "every score the bias is added to, so sum dS over those")
-    return ("dr is zero (up to rounding): softmax ignores a constant added to a whole row, so "
-            "every row of dS sums to 0; a key's bias does get a gradient")
+    if predicted_dc_sum is None:
+        raise _NotAttempted("bias_grads is right; now set predicted_dc_sum to your prediction "
+                            "of dc.sum() and run the cell again")
+    try:
+        guess = float(predicted_dc_sum)
+    except (TypeError, ValueError):
+        raise _Wrong(f"predicted_dc_sum should be a number; got {predicted_dc_sum!r}") from None
+    if not math.isfinite(guess) or abs(guess) > 1e-6:
+        raise _Wrong(f"bias_grads is right, but you predicted dc.sum() = {guess:g}; print "
+                     "dc.sum() from your own function: it is 0 up to rounding. dc.sum() adds up "
+                     "every entry of dS once; add them row by row instead, and use what dr is")
+    return ("dr = 0 and dc.sum() = 0: softmax ignores a constant added to a whole row, so every "
+            "row of dS sums to 0, and so does all of dS; single keys' biases still get gradients")
 
 
 # --------------------------------------------------------------------------------------------
@@ -154,22 +192,72 @@ def _scale_hint(name: str, got: np.ndarray, ref: np.ndarray, d: int) -> None:
     ], atol=1e-8)
 
 
+def _tiled_backward(Q, K, V, O, L, dO, block: int, causal: bool, variant: str = "ok"):
+    """The flash backward (float64), or one of the typical causal mistakes (``variant``):
+    ``no_mask`` (inner loop from the diagonal, diagonal tile unmasked: the exercise's bug),
+    ``self_masked`` (the mask also hides key j = query i), ``from_zero`` (inner loop from block 0
+    with only the diagonal tile masked), ``dS_only`` (the mask zeroes dS but not the P of dV)."""
+    N, T, d = Q.shape
+    scale = 1 / math.sqrt(d)
+    D = (dO * O).sum(-1, keepdim=True)
+    dQ, dK, dV = torch.zeros_like(Q), torch.zeros_like(K), torch.zeros_like(V)
+    for k0 in range(0, T, block):
+        k1 = min(k0 + block, T)
+        for q0 in range(k0 if causal and variant != "from_zero" else 0, T, block):
+            q1 = min(q0 + block, T)
+            keys, queries = torch.arange(k0, k1)[None, :], torch.arange(q0, q1)[:, None]
+            future = keys >= queries if variant == "self_masked" else keys > queries
+            P = torch.exp(Q[:, q0:q1] @ K[:, k0:k1].transpose(1, 2) * scale - L[:, q0:q1, None])
+            masked = causal and variant not in ("no_mask", "dS_only") and (
+                variant != "from_zero" or q0 == k0)
+            if masked:
+                P = P.masked_fill(future, 0.0)
+            dV[:, k0:k1] += P.transpose(1, 2) @ dO[:, q0:q1]
+            dS = P * (dO[:, q0:q1] @ V[:, k0:k1].transpose(1, 2) - D[:, q0:q1])
+            if causal and variant == "dS_only":
+                dS = dS.masked_fill(future, 0.0)
+            dQ[:, q0:q1] += dS @ K[:, k0:k1] * scale
+            dK[:, k0:k1] += dS.transpose(1, 2) @ Q[:, q0:q1] * scale
+    return [g.numpy() for g in (dQ, dK, dV)]
+
+
+_CAUSAL_HINTS = (
+    ("no_mask", "inside the tile on the diagonal some keys are still in the future: starting the "
+     "inner loop at the diagonal skips the tiles above it, but in the diagonal tile P must be 0 "
+     "wherever key j > query i"),
+    ("self_masked", "your mask also hides the diagonal: a query may attend to itself, so mask key "
+     "j > query i, not j >= i"),
+    ("from_zero", "the tiles above the diagonal (key block after the query block) are all "
+     "future: skip them (start the inner loop at the diagonal) or mask them as well"),
+    ("dS_only", "dV is wrong while dQ and dK are right: dV = P^T dO uses the weights too, so mask "
+     "P itself, not only dS"),
+)
+
+
 @_checker
 def check_fixed_backward(fixed_backward):
-    """Exercise 10.3: ``fixed_backward(Q, K, V, O, L, dO, block_size)`` returns ``(dQ, dK, dV)``
-    for unmasked attention, recomputing P tile by tile from L. Shapes: Q ``(N, T, d)``, K
-    ``(N, T, d)``, V, O, dO ``(N, T, d_v)``, L ``(N, T)``."""
-    cases = [(2, 7, 4, 3, 3), (1, 10, 16, 4, 4), (3, 5, 9, 2, 8)]  # N, T, d, d_v, block_size
-    for case, (N, T, d, d_v, block) in enumerate(cases):
+    """Exercise 10.3: ``fixed_backward(Q, K, V, O, L, dO, block_size, causal)`` returns ``(dQ,
+    dK, dV)``, recomputing P tile by tile from L, with or without the causal mask. Shapes: Q
+    ``(N, T, d)``, K ``(N, T, d)``, V, O, dO ``(N, T, d_v)``, L ``(N, T)``."""
+    cases = [  # N, T, d, d_v, block_size, causal: blocks that do not divide T, one block > T
+        (2, 7, 4, 3, 3, False), (2, 10, 4, 3, 4, True), (1, 11, 16, 4, 4, True),
+        (3, 5, 9, 2, 8, True), (2, 9, 5, 3, 3, True),
+    ]
+    for case, (N, T, d, d_v, block, causal) in enumerate(cases):
         gen = torch.Generator().manual_seed(1030 + case)
         Q, K = _randn(gen, N, T, d), _randn(gen, N, T, d)
         V, dO = _randn(gen, N, T, d_v), _randn(gen, N, T, d_v)
-        S = Q @ K.transpose(-2, -1) / math.sqrt(d)
+        allowed = torch.ones(T, T, dtype=torch.bool)
+        if causal:
+            allowed = allowed.tril()
+        S = (Q @ K.transpose(-2, -1) / math.sqrt(d)).masked_fill(~allowed, float("-inf"))
         L = torch.logsumexp(S, dim=-1)
         q, k, v = (x.clone().requires_grad_() for x in (Q, K, V))
-        O = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d), dim=-1) @ v
+        S_ad = (q @ k.transpose(-2, -1) / math.sqrt(d)).masked_fill(~allowed, float("-inf"))
+        O = torch.softmax(S_ad, dim=-1) @ v
         refs = [g.numpy() for g in torch.autograd.grad(O, (q, k, v), dO)]
-        out = _no_autograd_hint(fixed_backward, Q, K, V, O.detach(), L, dO, block,
+        O = O.detach()
+        out = _no_autograd_hint(fixed_backward, Q, K, V, O, L, dO, block, causal,
                                 name="fixed_backward")
         if not isinstance(out, (tuple, list)) or len(out) != 3:
             raise _Wrong(f"return the three gradients (dQ, dK, dV); got {type(out).__name__}")
@@ -184,30 +272,58 @@ def check_fixed_backward(fixed_backward):
                              "dV)")
         for name, g, r in zip(("dQ", "dK", "dV"), grads, refs, strict=True):
             _shape(g, r.shape, name, f"(N, T, {'d' if name != 'dV' else 'd_v'}), like its input")
-        dV_ok = _close(grads[2], refs[2], 1e-8)
-        if not dV_ok:
-            raise _Wrong(f"dV = P^T dO is off by up to {_maxdiff(grads[2], refs[2])} (N = {N}, "
-                         f"T = {T}, block_size = {block}): recompute each tile of P as "
-                         "exp(Q_i K_j^T / sqrt(d) - L_i), with the same 1/sqrt(d) as the forward "
-                         "pass, and cover the last, shorter block")
+        where = f"(N = {N}, T = {T}, block_size = {block}, causal = {causal})"
+
+        def matches(candidate, grads=grads):
+            return all(_close(g, c, 1e-8) for g, c in zip(grads, candidate, strict=True))
+
+        if not causal and matches(_tiled_backward(Q, K, V, O, L, dO, block, True)):
+            raise _Wrong(f"with causal=False there is no mask: every query sees every key {where}")
+        if causal:
+            if matches(_tiled_backward(Q, K, V, O, L, dO, block, False)):
+                raise _Wrong(f"with causal=True you computed the gradients without the mask "
+                             f"{where}: use the causal argument")
+            for variant, hint in _CAUSAL_HINTS:
+                if matches(_tiled_backward(Q, K, V, O, L, dO, block, causal, variant)):
+                    raise _Wrong(f"{hint} {where}")
+        if not _close(grads[2], refs[2], 1e-8):
+            raise _Wrong(f"dV = P^T dO is off by up to {_maxdiff(grads[2], refs[2])} {where}: "
+                         "recompute each tile of P as exp(Q_i K_j^T / sqrt(d) - L_i), masked "
+                         "where key j > query i when causal, and cover the last, shorter block")
         for name, g, r in zip(("dQ", "dK"), grads[:2], refs[:2], strict=True):
             if not _close(g, r, 1e-8):
                 _scale_hint(name, g, r, d)
-                raise _Wrong(f"{name} is off by up to {_maxdiff(g, r)} while dV is right: check "
-                             f"the line that accumulates {name} (dQ_i += dS K_j / sqrt(d), "
-                             "dK_j += dS^T Q_i / sqrt(d))")
-    return "every gradient matches autograd, blocks that do not divide T included"
+                raise _Wrong(f"{name} is off by up to {_maxdiff(g, r)} while dV is right {where}:"
+                             f" check the line that accumulates {name} (dQ_i += dS K_j / sqrt(d),"
+                             " dK_j += dS^T Q_i / sqrt(d))")
+    return ("every gradient matches autograd, with and without the causal mask, blocks that do "
+            "not divide T included")
 
 
 # --------------------------------------------------------------------------------------------
 # 10.4 What attention keeps for training, from shapes
 # --------------------------------------------------------------------------------------------
+_BUDGET = 16 * 2**30  # bytes P may take in the question: GPT-2 small, batch 8, bfloat16
+
+
+def _longest_T(per_T_squared: float, budget: float = _BUDGET) -> int:
+    """The largest integer T with per_T_squared * T**2 <= budget (exact integer arithmetic)."""
+    T = math.isqrt(int(budget // per_T_squared))
+    while per_T_squared * (T + 1) ** 2 <= budget:
+        T += 1
+    while per_T_squared * T**2 > budget:
+        T -= 1
+    return T
+
+
 @_checker
-def check_attention_saved_bytes(attention_saved_bytes):
+def check_attention_saved_bytes(attention_saved_bytes, T_max=None):
     """Exercise 10.4: ``attention_saved_bytes(num_layers, batch, num_heads, head_dim, T,
     dtype_bytes, flash)`` returns the bytes attention itself keeps for the backward pass (beyond
     Q, K, V, which both keep): naive keeps P ``(batch, heads, T, T)`` per layer; flash keeps O
-    ``(batch, heads, T, head_dim)`` and L ``(batch, heads, T)`` in float32 (4 bytes) per layer."""
+    ``(batch, heads, T, head_dim)`` and L ``(batch, heads, T)`` in float32 (4 bytes) per layer.
+    ``T_max``: the longest context at which GPT-2 small (12 layers of 12 heads), batch 8, in
+    bfloat16, keeps at most 16 GiB of P."""
     cases = [  # layers, batch, heads, head_dim, T, dtype_bytes
         (3, 5, 7, 16, 96, 2), (7, 1, 4, 32, 40, 2), (5, 2, 6, 8, 50, 4), (12, 8, 12, 64, 1024, 4),
     ]  # the first case has a distinct factor for every count, so no hint is mistaken
@@ -248,5 +364,118 @@ def check_attention_saved_bytes(attention_saved_bytes):
                 if value is not None and math.isclose(got, value, rel_tol=1e-9):
                     raise _Wrong(f"{what}: {hint}")
             raise _Wrong(f"{what} returned {got:,.0f}; expected {ref:,.0f} bytes")
-    return ("GPT-2 small at T = 1024, batch 8: 4.5 GiB of weights P for naive attention, "
-            "about 0.29 GiB of O and L for flash")
+    if T_max is None:
+        raise _NotAttempted("attention_saved_bytes is right; now set T_max, the longest context "
+                            "whose P fits in 16 GiB, and run the cell again")
+    want = _longest_T(12 * 8 * 12 * 2)
+    try:
+        got_T = float(T_max)
+    except (TypeError, ValueError):
+        raise _Wrong(f"T_max should be a whole number of tokens; got {T_max!r}") from None
+    if got_T != want:
+        for hint, value in (
+            ("T_max: round down, not to the nearest or up: the context must fit, so T_max is the "
+             "largest T whose P takes at most 16 GiB", want + 1),
+            ("T_max: bfloat16 has 2 bytes per number; you used 4 (float32)",
+             _longest_T(12 * 8 * 12 * 4)),
+            ("T_max: 16 GiB is 16 * 2**30 bytes, not 16e9", _longest_T(12 * 8 * 12 * 2, 16e9)),
+            ("T_max: a factor 12 is missing: P is (batch, heads, T, T) with 12 heads, in each "
+             "of the 12 layers", _longest_T(8 * 12 * 2)),
+            ("T_max: count the batch of 8", _longest_T(12 * 12 * 2)),
+        ):
+            if got_T == value:
+                raise _Wrong(hint)
+        if got_T > 10 * want:
+            raise _Wrong(f"T_max = {got_T:g} is flash's budget (O and L); the question is how "
+                         "long a context fits when P, (batch, heads, T, T) per layer, is kept")
+        raise _Wrong(f"T_max = {got_T:g} is not the longest context whose P fits: search for the "
+                     "largest T with attention_saved_bytes(12, 8, 12, 64, T, 2, False) <= "
+                     "16 * 2**30")
+    return (f"T_max = {want}: P grows like T^2, so 16 GiB buys only a little past T = 2048, "
+            "while flash's O and L at that length take a few hundred MiB")
+
+
+# --------------------------------------------------------------------------------------------
+# 10.5 Predict, then measure: at what length does flash win on memory?
+# --------------------------------------------------------------------------------------------
+_LENGTHS = (32, 64, 128, 256, 512)  # the T the learner compares (B = 1, H = 4, head_dim = 64)
+_CROSSOVER_BLOCKS = (64, 128)  # hidden block sizes; the prediction is for the first
+
+
+def _peak_ratio_below(T: int, block_size: int) -> bool:
+    """Whether a causal forward + backward step through flash_attention(block_size) peaks below
+    one through textbook attention, measured with the profiler's allocation events."""
+    from shared.benchmark import cpu_peak_memory
+    from shared.flash_backward import flash_attention
+
+    def textbook(Q, K, V):
+        S = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+        S = S.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+        return torch.softmax(S, dim=-1) @ V
+
+    def flash(Q, K, V):
+        return flash_attention(Q, K, V, causal=True, block_size=block_size)
+
+    gen = torch.Generator().manual_seed(1050 + T)
+    Q, K, V = (torch.randn(1, 4, T, 64, generator=gen).requires_grad_() for _ in range(3))
+    dO = torch.randn(1, 4, T, 64, generator=gen)
+    peaks = [cpu_peak_memory(lambda f=f: torch.autograd.grad(f(Q, K, V), (Q, K, V), dO))
+             for f in (textbook, flash)]
+    return peaks[1] < peaks[0]
+
+
+@functools.cache  # a measurement of fixed shapes: the same every time
+def _crossover(block_size: int) -> int:
+    return next((T for T in _LENGTHS if _peak_ratio_below(T, block_size)), _LENGTHS[-1])
+
+
+@_checker
+def check_memory_crossover(first_T_where_flash_wins, predicted_T=None):
+    """Exercise 10.5: ``first_T_where_flash_wins(block_size)`` returns the first T in (32, 64,
+    128, 256, 512) at which one causal forward + backward step through
+    ``flash_attention(..., block_size=block_size)`` peaks below naive attention's (B = 1, H = 4,
+    head_dim = 64, measured with ``shared.benchmark.cpu_peak_memory``). ``predicted_T``: the
+    learner's prediction for block_size = 64, made before measuring."""
+    got = []
+    for block in _CROSSOVER_BLOCKS:
+        T = _call(first_T_where_flash_wins, block, name="first_T_where_flash_wins")
+        try:
+            value = float(T)
+        except (TypeError, ValueError):
+            value = None
+        if isinstance(T, bool) or value not in _LENGTHS:
+            raise _Wrong(f"for block_size = {block} return one of the lengths {_LENGTHS}; got "
+                         f"{T!r}")
+        got.append(int(value))
+    want = [_crossover(block) for block in _CROSSOVER_BLOCKS]
+    if got != want:
+        earlier = [_LENGTHS[max(_LENGTHS.index(w) - 1, 0)] for w in want]
+        if got == earlier:
+            raise _Wrong(f"each answer is one length too early: at T = {got[0]} (block_size = "
+                         f"{_CROSSOVER_BLOCKS[0]}) flash's peak is still above naive's; return the "
+                         "first T at which it is below")
+        if len(set(got)) == 1:
+            raise _Wrong(f"your answer ({got[0]}) does not change with the block size: pass "
+                         "block_size=block_size to flash_attention (its default is 256), and "
+                         "compare the peak of the whole step (peak_of_step), not what is saved "
+                         "for the backward pass")
+        k = next(i for i in range(len(got)) if got[i] != want[i])
+        raise _Wrong(f"for block_size = {_CROSSOVER_BLOCKS[k]} you returned {got[k]}; measured: "
+                     f"{want[k]}. For each T, compare peak_of_step of candidates['naive'] with "
+                     "that of flash_attention(Q, K, V, causal=True, block_size=block_size), and "
+                     "return the first T at which flash's is smaller")
+    if predicted_T is None:
+        raise _NotAttempted("your measurement is right; now set predicted_T to the prediction "
+                            "you made before measuring, and run the cell again")
+    try:
+        guess = float(predicted_T)
+    except (TypeError, ValueError):
+        raise _Wrong(f"predicted_T should be a length in {_LENGTHS}; got {predicted_T!r}") from None
+    if guess != want[0]:
+        raise _Wrong(f"you predicted T = {guess:g}; measured T = {want[0]} for block_size = "
+                     f"{_CROSSOVER_BLOCKS[0]}. Up to the block size flash has one tile, the "
+                     "whole T x T matrix, plus T x head_dim buffers as large as a T x T one "
+                     "when T = head_dim; only past the block size do its tiles stop growing")
+    return (f"flash first wins at T = {want[0]} with blocks of {_CROSSOVER_BLOCKS[0]}, and at "
+            f"T = {want[1]} with blocks of {_CROSSOVER_BLOCKS[1]}: past the block size its "
+            "tiles stop growing while naive attention's T x T buffers do not")

@@ -35,7 +35,7 @@ The exercises, by notebook (the checker names say what they check):
   ``check_crossover_context``.
 * 09: ``check_weight_name``, ``check_punctuation_score``, ``check_silenced_heads``.
 * 10: ``check_temperature_grad``, ``check_bias_grads``, ``check_fixed_backward``,
-  ``check_attention_saved_bytes``.
+  ``check_attention_saved_bytes``, ``check_memory_crossover``.
 * 11: ``check_chunked_causal``, ``check_window_bug``, ``check_tile_counts``.
 
 Notebooks 01-03 pass NumPy arrays to the learner's functions (03's module exercise passes a

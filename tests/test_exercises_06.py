@@ -41,6 +41,34 @@ def _trained(key, layers, d, heads, min_p, max_p, steps=300):
     return copy.deepcopy(_CACHE[key])
 
 
+def notebook_model():  # notebook 06's model and training settings
+    return _trained_nb()
+
+
+def _trained_nb():
+    if "nb" not in _CACHE:
+        torch.manual_seed(2)
+        model = TinyTransformer(27, 21, d_model=32, num_heads=2, num_layers=2)
+        train(model, 300, min_period=4, max_period=12, batch_size=48, lr=1e-2, seed=2)
+        _CACHE["nb"] = model
+    return copy.deepcopy(_CACHE["nb"])
+
+
+def untrained_model():
+    return _trained("nb0", 2, 32, 2, 4, 12, steps=0)
+
+
+class _Lazy:
+    """A model argument built only when the test runs (training takes seconds)."""
+
+    def __init__(self, make):
+        self.make = make
+        self.__name__ = make.__name__
+
+
+NB, NB0 = _Lazy(notebook_model), _Lazy(untrained_model)
+
+
 # 6.1 ------------------------------------------------------------------------------------------
 def wide_ok():
     return _trained("wide", 1, 64, 4, 4, 12)
@@ -143,43 +171,83 @@ def pma_returns_model(model, tokens, heads):
 
 
 # 6.3 ------------------------------------------------------------------------------------------
-def _induction_scores(weights, tokens):
-    T = len(tokens)
-    x = tokens.tolist()
-    targets = [[k for k in range(1, i + 1) if x[k - 1] == x[i]] for i in range(T)]
-    rows = [i for i in range(T) if targets[i]]
-    return torch.stack([sum(weights[h, i, targets[i]].sum() for i in rows) / len(rows)
-                        for h in range(weights.shape[0])])
+def _knock_out(model, tokens, head, path, *, remove="head", unembed_too=False, paths=None):
+    """Layer 1 reads `paths` (default: [path]) from the stream without `remove` of layer 0."""
+    B, T = tokens.shape
+    H, hd = model.num_heads, model.head_dim
+    paths = [path] if paths is None else paths
+    ctx0 = head_contexts(model, tokens)[0]  # (B, H, T, hd)
+    with torch.no_grad():
+        x = model.tok_emb(tokens) + model.pos_emb.weight[:T]
+        l0, l1 = model.layers
+        x1 = x + l0.out_proj(ctx0.transpose(1, 2).reshape(B, T, H * hd))
+        cols = slice(head[1] * hd, (head[1] + 1) * hd)
+        part = {"head": ctx0[:, head[1]] @ l0.out_proj.weight[:, cols].T,
+                "head+bias": ctx0[:, head[1]] @ l0.out_proj.weight[:, cols].T + l0.out_proj.bias,
+                "layer": x1 - x}[remove]
+        without = x1 - part
+        q, k, v = ((without if p in paths else x1).unsqueeze(1) for p in ("query", "key", "value"))
+        Q, K, V = (lin(inp.squeeze(1)).view(B, T, H, hd).transpose(1, 2)
+                   for lin, inp in ((l1.W_query, q), (l1.W_key, k), (l1.W_value, v)))
+        ctx1 = torch.nn.functional.scaled_dot_product_attention(Q, K, V, is_causal=True)
+        out = l1.out_proj(ctx1.transpose(1, 2).reshape(B, T, H * hd))
+        return model.unembed((without if unembed_too else x1) + out)
 
 
-def find_ok(weights, tokens):
-    return int(_induction_scores(weights, tokens).argmax())
+def ko_ok(model, tokens, head, path):
+    return _knock_out(model, tokens, head, path)
 
 
-def find_ok_tensor(weights, tokens):  # a 0-d tensor is accepted as an index
-    return _induction_scores(weights, tokens).argmax()
+def ko_next_path(model, tokens, head, path):  # off by one in a lookup of the three paths
+    paths = ["query", "key", "value"]
+    return _knock_out(model, tokens, head, paths[(paths.index(path) + 1) % 3])
 
 
-def find_duplicate(weights, tokens):  # attention on the earlier occurrence itself
-    T = len(tokens)
-    same = (tokens[:, None] == tokens[None, :]) & torch.ones(T, T, dtype=torch.bool).tril(-1)
-    return int((weights * same).sum(dim=(-1, -2)).argmax())
+def ko_all_paths(model, tokens, head, path):
+    return _knock_out(model, tokens, head, path, paths=["query", "key", "value"])
 
 
-def find_previous(weights, tokens):
-    return int(weights.diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=-1).argmax())
+def ko_zero_ablation(model, tokens, head, path):  # the course's ablation: the head is gone everywhere
+    with torch.no_grad():
+        return ablate_heads(model, [head])(tokens)
 
 
-def find_sharpest(weights, tokens):
-    return int(weights.max(dim=-1).values.mean(dim=-1).argmax())
+def ko_unembed_too(model, tokens, head, path):
+    return _knock_out(model, tokens, head, path, unembed_too=True)
 
 
-def find_scores(weights, tokens):
-    return _induction_scores(weights, tokens)
+def ko_with_bias(model, tokens, head, path):
+    return _knock_out(model, tokens, head, path, remove="head+bias")
 
 
-def find_first(weights, tokens):
-    return 0
+def ko_whole_layer(model, tokens, head, path):
+    return _knock_out(model, tokens, head, path, remove="layer")
+
+
+def ko_next_head(model, tokens, head, path):
+    return _knock_out(model, tokens, (0, (head[1] + 1) % model.num_heads), path)
+
+
+def ko_nothing(model, tokens, head, path):
+    with torch.no_grad():
+        return model(tokens)
+
+
+def ko_in_place(model, tokens, head, path):
+    out = ko_ok(model, tokens, head, path)
+    with torch.no_grad():
+        model.layers[0].out_proj.weight[:, :model.head_dim] = 0.0
+    return out
+
+
+def ko_returns_model(model, tokens, head, path):
+    return ablate_heads(model, [head])
+
+
+def find_induction_head(weights, tokens):  # the old exercise 6.3's one-liner must not pass
+    from shared.tiny_transformer import induction_score
+
+    return int(induction_score(weights, tokens).argmax())
 
 
 # 6.4 ------------------------------------------------------------------------------------------
@@ -207,28 +275,50 @@ CASES = [
     (C.check_one_layer_experiment, (wide_narrow, "fails"), False, "d_model=64, num_heads=4"),
     (C.check_one_layer_experiment, (wide_with_history, "fails"), False, "not a tuple"),
     # 6.2
-    (C.check_position_mean_ablation, (pma_ok,), True, OK),
-    (C.check_position_mean_ablation, (stub,), None, NA),
-    (C.check_position_mean_ablation, (pma_zero,), False, "that is zero ablation"),
-    (C.check_position_mean_ablation, (pma_global,), False, "you averaged over the positions too"),
-    (C.check_position_mean_ablation, (pma_shared_mean,), False,
+    (C.check_position_mean_ablation, (pma_ok, "higher", NB), True, OK),
+    (C.check_position_mean_ablation, (stub, None, None), None, NA),
+    (C.check_position_mean_ablation, (pma_ok, "lower", NB), False,
+     "with one mean per position and"),
+    (C.check_position_mean_ablation, (pma_ok, None, NB), False, 'set prediction to "lower"'),
+    (C.check_position_mean_ablation, (pma_ok, "higher", None), False,
+     "pass the notebook's trained model"),
+    (C.check_position_mean_ablation, (pma_ok, "higher", NB0), False, "has not learned the task"),
+    (C.check_position_mean_ablation, (pma_zero, "higher", NB), False, "that is zero ablation"),
+    (C.check_position_mean_ablation, (pma_global, "higher", NB), False,
      "you averaged over the positions too"),
-    (C.check_position_mean_ablation, (pma_per_sequence,), False,
+    (C.check_position_mean_ablation, (pma_shared_mean, "higher", NB), False,
+     "you averaged over the positions too"),
+    (C.check_position_mean_ablation, (pma_per_sequence, "higher", NB), False,
      "positions of each sequence"),
-    (C.check_position_mean_ablation, (pma_sequential,), False, "from the unablated model"),
-    (C.check_position_mean_ablation, (pma_next_head,), False, "you replaced head 2 of layer 0, not head 1"),
-    (C.check_position_mean_ablation, (pma_nothing,), False, "nothing changed"),
-    (C.check_position_mean_ablation, (pma_in_place,), False, "the model you were given has"),
-    (C.check_position_mean_ablation, (pma_returns_model,), False, "not a model"),
+    (C.check_position_mean_ablation, (pma_sequential, "higher", NB), False,
+     "from the unablated model"),
+    (C.check_position_mean_ablation, (pma_next_head, "higher", NB), False,
+     "you replaced head 2 of layer 0, not head 1"),
+    (C.check_position_mean_ablation, (pma_nothing, "higher", NB), False, "nothing changed"),
+    (C.check_position_mean_ablation, (pma_in_place, "higher", NB), False,
+     "the model you were given has"),
+    (C.check_position_mean_ablation, (pma_returns_model, "higher", NB), False, "not a model"),
     # 6.3
-    (C.check_find_induction_head, (find_ok,), True, OK),
-    (C.check_find_induction_head, (find_ok_tensor,), True, OK),
-    (C.check_find_induction_head, (stub,), None, NA),
-    (C.check_find_induction_head, (find_duplicate,), False, "the key right *after* it"),
-    (C.check_find_induction_head, (find_previous,), False, "is a previous-token head"),
-    (C.check_find_induction_head, (find_sharpest,), False, "is a previous-token head"),
-    (C.check_find_induction_head, (find_scores,), False, "not the scores of all heads"),
-    (C.check_find_induction_head, (find_first,), False, "head 0"),
+    (C.check_k_composition, (ko_ok, "key", NB), True, OK),
+    (C.check_k_composition, (stub, None, None), None, NA),
+    (C.check_k_composition, (ko_ok, "query", NB), False, "you predicted query"),
+    (C.check_k_composition, (ko_ok, "value", NB), False, "you predicted value"),
+    (C.check_k_composition, (ko_ok, "keys", NB), False, 'set breaks to "query"'),
+    (C.check_k_composition, (ko_ok, "key", None), False, "pass the notebook's trained model"),
+    (C.check_k_composition, (ko_ok, "key", NB0), False, "has not learned the task"),
+    (C.check_k_composition, (ko_next_path, "key", NB), False,
+     "asked for path='key', you removed the head from layer 1's value input"),
+    (C.check_k_composition, (ko_all_paths, "key", NB), False, "all three of layer 1's inputs"),
+    (C.check_k_composition, (ko_zero_ablation, "key", NB), False, "that is zero ablation"),
+    (C.check_k_composition, (ko_unembed_too, "key", NB), False, "reaches the unembedding"),
+    (C.check_k_composition, (ko_with_bias, "key", NB), False, "output bias b_o"),
+    (C.check_k_composition, (ko_whole_layer, "key", NB), False, "all of layer 0's output"),
+    (C.check_k_composition, (ko_next_head, "key", NB), False, "you removed head 2 of layer 0, not head 1"),
+    (C.check_k_composition, (ko_nothing, "key", NB), False, "nothing changed"),
+    (C.check_k_composition, (ko_in_place, "key", NB), False, "the model you were given has"),
+    (C.check_k_composition, (ko_returns_model, "key", NB), False, "not a model"),
+    (C.check_k_composition, (find_induction_head, "key", NB), False,
+     "takes 2 positional arguments but 4 were given"),
     # 6.4
     (C.check_fixed_period_shortcut, (fixed_ok, [5, 10]), True, OK),
     (C.check_fixed_period_shortcut, (stub, None), None, NA),
@@ -251,7 +341,7 @@ def _id(case):
 
 @pytest.mark.parametrize("checker, answers, expected, phrase", CASES, ids=[_id(c) for c in CASES])
 def test_checker(capsys, checker, answers, expected, phrase):
-    result = checker(*answers)
+    result = checker(*(a.make() if isinstance(a, _Lazy) else a for a in answers))
     out = capsys.readouterr().out
     assert out.count("\n") == 1, f"expected exactly one line, got: {out!r}"
     assert result.passed is expected, out
@@ -272,7 +362,7 @@ def test_the_experiment_checkers_also_take_the_trained_model(capsys):
 def test_every_checker_is_covered_three_ways():
     """Each checker: a correct answer, the stub, and at least two different wrong answers."""
     assert ex.nb06.__all__ == ["check_one_layer_experiment", "check_position_mean_ablation",
-                               "check_find_induction_head", "check_fixed_period_shortcut"]
+                               "check_k_composition", "check_fixed_period_shortcut"]
     for name in ex.nb06.__all__:
         results = [c[2] for c in CASES if c[0].__name__ == name]
         assert True in results and None in results, name
@@ -294,16 +384,10 @@ def test_checkers_never_raise_on_odd_answers(capsys):
 
 def test_the_references_agree_with_the_course_module():
     """The answers above against shared.tiny_transformer (an independent implementation)."""
-    from shared.tiny_transformer import induction_score
-
-    g = torch.Generator().manual_seed(0)
-    T = 9
-    w = torch.softmax(torch.randn(2, 3, T, T, generator=g).masked_fill(
-        ~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf")), dim=-1)
-    tokens = torch.tensor([0, 5, 3, 7, 9, 5, 3, 7, 9])
-    assert torch.allclose(_induction_scores(w[0], tokens), induction_score(w[0], tokens))
     torch.manual_seed(0)
     model = TinyTransformer(11, 9, d_model=12, num_heads=3)
+    with torch.no_grad():
+        model.layers[0].out_proj.bias.normal_()
     x = repeated_tokens(4, 9, 11, 3, 4, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():  # the by-hand forward pass is the model's, and a global mean is the
         assert torch.allclose(_forward_with(model, x, lambda l, c: c), model(x), atol=1e-5)
@@ -311,13 +395,42 @@ def test_the_references_agree_with_the_course_module():
                               ablate_heads(model, [(1, 2)], mean_over=x)(x), atol=1e-5)
         assert torch.allclose(pma_zero(model, x, [(0, 1)]), ablate_heads(model, [(0, 1)])(x),
                               atol=1e-5)
+        # knocking a head out of no path is the model itself; out of every path and the
+        # unembedding, the course's zero ablation
+        assert torch.allclose(_knock_out(model, x, (0, 1), "key", paths=[]), model(x), atol=1e-5)
+        assert torch.allclose(ko_zero_ablation(model, x, (0, 1), "key"),
+                              _knock_out(model, x, (0, 1), "key", unembed_too=True,
+                                         paths=["query", "key", "value"]), atol=1e-5)
+        assert not torch.allclose(ko_ok(model, x, (0, 1), "key"), model(x), atol=1e-3)
+
+
+def test_the_knock_out_mistakes_are_all_different_on_the_hidden_cases():
+    """No two of the answers 6.3's checker tells apart coincide on all of its hidden models
+    (removing b_o from the keys alone changes nothing: a constant added to every key shifts all
+    scores of a query equally, so the query and value cases are what expose that mistake)."""
+    from shared.exercises.nb06 import _path_model
+
+    answers = [ko_ok, ko_next_path, ko_all_paths, ko_zero_ablation, ko_unembed_too, ko_with_bias,
+               ko_whole_layer, ko_next_head, ko_nothing]
+    gaps = np.zeros((len(answers), len(answers)))
+    for seed, h, path in ((631, 1, "key"), (632, 2, "query"), (633, 0, "value")):
+        model, tokens = _path_model(seed)
+        outs = [f(model, tokens, (0, h), path) for f in answers]
+        for i in range(len(outs)):
+            for j in range(i):
+                gaps[i, j] = max(gaps[i, j], float((outs[i] - outs[j]).abs().max()))
+    for i in range(len(answers)):
+        for j in range(i):
+            assert gaps[i, j] > 1e-2, (answers[i].__name__, answers[j].__name__, gaps[i, j])
 
 
 def test_checkers_leave_the_global_random_state_alone(capsys):
     torch.manual_seed(7)
     np.random.seed(7)  # noqa: NPY002 - the legacy global state is what we check
-    ex.check_position_mean_ablation(pma_ok)
-    ex.check_find_induction_head(find_ok)
+    model = notebook_model()
+    torch.manual_seed(7)
+    ex.check_position_mean_ablation(pma_ok, "higher", model)
+    ex.check_k_composition(ko_ok, "key", model)
     capsys.readouterr()
     after_torch, after_np = torch.rand(3), np.random.random(3)  # noqa: NPY002
     torch.manual_seed(7)

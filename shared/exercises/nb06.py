@@ -13,26 +13,17 @@ from ._core import (
     _close,
     _diagnose,
     _maxdiff,
-    _rng,
     _shape,
     _softmax,
-    _t,
     _Wrong,
 )
 
 __all__ = [
     "check_one_layer_experiment",
     "check_position_mean_ablation",
-    "check_find_induction_head",
+    "check_k_composition",
     "check_fixed_period_shortcut",
 ]
-
-
-def _causal_weights(rng: np.random.Generator, shape: tuple) -> np.ndarray:
-    """Random causal attention weights ``(..., T, T)``: rows sum to 1, zero above the diagonal."""
-    T = shape[-1]
-    scores = rng.normal(scale=2.0, size=shape)
-    return _softmax(np.where(np.tril(np.ones((T, T), dtype=bool)), scores, -np.inf))
 
 
 # --------------------------------------------------------------------------------------------
@@ -185,23 +176,26 @@ def _mean_ablation_variants(model, tokens, heads) -> dict:
 
 
 @_checker
-def check_position_mean_ablation(position_mean_ablate):
+def check_position_mean_ablation(position_mean_ablate, prediction, model):
     """``position_mean_ablate(model, tokens, heads)`` -> logits ``(B, T, vocab_size)`` of the
     ``TinyTransformer`` ``model`` on ``tokens`` ``(B, T)``, with each ``(layer, head)`` in
     ``heads`` writing, at every position ``t``, its output at ``t`` averaged over the batch (in
-    the unablated model) instead of its own output."""
+    the unablated model) instead of its own output. ``prediction``: ``"lower"`` or ``"higher"``,
+    the repeat loss without the previous-token head with one mean per position, compared with
+    one mean for all positions. ``model``: the notebook's trained model, on which the checker
+    measures both (hidden batch, period 10)."""
     from ..tiny_transformer import TinyTransformer, repeated_tokens
 
     for seed, heads in ((621, [(0, 1)]), (622, [(1, 2)]), (623, [(0, 0), (1, 1)])):
         torch.manual_seed(seed)
-        model = TinyTransformer(11, 9, d_model=12, num_heads=3, num_layers=2).eval()
+        net = TinyTransformer(11, 9, d_model=12, num_heads=3, num_layers=2).eval()
         with torch.no_grad():  # visible output biases
-            for layer in model.layers:
+            for layer in net.layers:
                 layer.out_proj.bias.normal_()
         tokens = repeated_tokens(6, 9, 11, 3, 4, generator=torch.Generator().manual_seed(seed))
-        before = {k: v.clone() for k, v in model.state_dict().items()}
-        refs = _mean_ablation_variants(model, tokens, heads)
-        out = _call(position_mean_ablate, model, tokens, list(heads), copy=False,
+        before = {k: v.clone() for k, v in net.state_dict().items()}
+        refs = _mean_ablation_variants(net, tokens, heads)
+        out = _call(position_mean_ablate, net, tokens, list(heads), copy=False,
                     name="position_mean_ablate")
         if isinstance(out, tuple):
             out = out[0]
@@ -210,7 +204,7 @@ def check_position_mean_ablation(position_mean_ablate):
                          "not a model")
         got = _arr(out, "the logits")
         _shape(got, refs["ok"].shape, "the logits", "(B, T, vocab_size)")
-        after = model.state_dict()
+        after = net.state_dict()
         if any(not torch.equal(before[k], after[k]) for k in before):
             raise _Wrong("the model you were given has changed: compute the ablated forward "
                          "pass without writing into the model's weights (or change a copy)")
@@ -218,8 +212,8 @@ def check_position_mean_ablation(position_mean_ablate):
             continue
         if len(heads) == 1:
             (l, h), = heads
-            for g in range(model.num_heads):
-                if g != h and _close(got, _mean_ablation_variants(model, tokens, [(l, g)])["ok"],
+            for g in range(net.num_heads):
+                if g != h and _close(got, _mean_ablation_variants(net, tokens, [(l, g)])["ok"],
                                      1e-4):
                     raise _Wrong(f"you replaced head {g} of layer {l}, not head {h}: head h owns "
                                  "the features h*head_dim:(h+1)*head_dim of the concatenation")
@@ -237,91 +231,186 @@ def check_position_mean_ablation(position_mean_ablate):
         ], atol=1e-4)
         raise _Wrong(f"the logits differ from the per-position mean ablation by up to "
                      f"{_maxdiff(got, refs['ok'])}")
-    return ("each head now writes its typical output for each position: the position-dependent "
-            "part of its behaviour stays, the sequence-specific part is gone.")
+    if prediction not in ("lower", "higher"):
+        raise _Wrong(f'set prediction to "lower" or "higher" (your prediction); got '
+                     f"{prediction!r}")
+    tokens, prev = _trained_notebook_model(model, "position_mean_ablation")
+    refs = _mean_ablation_variants(model, tokens, [prev])
+    per_position, single = _repeat_loss(refs["ok"], tokens), _repeat_loss(refs["global"], tokens)
+    measured = "higher" if per_position > single else "lower"
+    numbers = (f"without the previous-token head {prev}, the repeat loss on the hidden batch is "
+               f"{per_position:.2f} with one mean per position and {single:.2f} with one mean")
+    if prediction != measured:
+        why = ("" if measured == "lower" else
+               ": a finer mean is no better a stand-in when what the model needs is the "
+               "sequence-specific part, and key 1's mean is exact (its previous token is always "
+               "BOS), so key 1 now stands out among the blurred keys")
+        raise _Wrong(f"you predicted {prediction}, but {numbers}{why}")
+    return (f"{numbers}. The sequence-specific part of the head's output is what the model "
+            "needs; the per-position mean keeps only the position-dependent part.")
 
 
 # --------------------------------------------------------------------------------------------
-# 6.3 Find the induction head
+# 6.3 K-composition: which of layer 1's inputs needs the previous-token head?
 # --------------------------------------------------------------------------------------------
-_KINDS = ("induction", "duplicate", "previous", "bos", "self", "uniform")
+_PATHS = ("query", "key", "value")
+_PLURAL = {"query": "queries", "key": "keys", "value": "values"}
 
 
-def _pattern(kind: str, tokens: np.ndarray) -> np.ndarray:
-    """An idealised ``(T, T)`` pattern of one kind of head on one sequence."""
-    T = len(tokens)
-    i, k = np.indices((T, T))
-    causal = k <= i
-    earlier = (tokens[k] == tokens[i]) & (k < i)  # an earlier occurrence of the query's token
-    after = np.zeros((T, T), dtype=bool)
-    after[:, 1:] = (tokens[None, :-1] == tokens[:, None]) & causal[:, 1:]  # the key after it
-    target = {"induction": after, "duplicate": earlier, "previous": k == i - 1,
-              "bos": k == 0, "self": k == i, "uniform": causal}[kind]
-    target = target & causal
-    rows = target.any(axis=1)
-    target[~rows, 0] = True  # a query with nothing to look at rests on BOS
-    return target / target.sum(axis=1, keepdims=True)
+def _ref_knock_out(model, tokens: torch.Tensor, head: tuple, paths, *, remove: str = "head",
+                   unembed_too: bool = False) -> np.ndarray:
+    """Logits ``(B, T, V)`` (float64) of a 2-layer TinyTransformer in which layer 1 computes each
+    of ``paths`` from the residual stream minus the output of ``head`` (a layer-0 head); the
+    other inputs of layer 1 read the full stream. ``remove``: ``"head"`` (the right thing),
+    ``"head+bias"`` (also layer 0's output bias) or ``"layer"`` (all of layer 0's output).
+    ``unembed_too``: the unembedding also reads the stream without it."""
+    def a(t):
+        return t.detach().double().numpy()
+
+    B, T = tokens.shape
+    H, hd = model.num_heads, model.head_dim
+    x0 = a(model.tok_emb.weight)[tokens.numpy()] + a(model.pos_emb.weight)[:T]
+    causal = np.tril(np.ones((T, T), dtype=bool))
+
+    def attend(layer, q_in, k_in, v_in):
+        def split(m):
+            return m.reshape(B, T, H, hd).transpose(0, 2, 1, 3)
+
+        Q, K, V = (split(inp @ a(lin.weight).T) for inp, lin in
+                   ((q_in, layer.W_query), (k_in, layer.W_key), (v_in, layer.W_value)))
+        w = _softmax(np.where(causal, Q @ K.transpose(0, 1, 3, 2) / np.sqrt(hd), -np.inf))
+        return (w @ V).transpose(0, 2, 1, 3).reshape(B, T, H * hd)  # (B, T, H * hd)
+
+    layer0, layer1 = model.layers[0], model.layers[1]
+    concat = attend(layer0, x0, x0, x0)
+    W0, b0 = a(layer0.out_proj.weight), a(layer0.out_proj.bias)
+    x1 = x0 + concat @ W0.T + b0
+    cols = slice(head[1] * hd, (head[1] + 1) * hd)
+    part = {"head": concat[..., cols] @ W0[:, cols].T,
+            "head+bias": concat[..., cols] @ W0[:, cols].T + b0,
+            "layer": concat @ W0.T + b0}[remove]
+    without = x1 - part
+    q_in, k_in, v_in = (without if p in paths else x1 for p in _PATHS)
+    out = attend(layer1, q_in, k_in, v_in) @ a(layer1.out_proj.weight).T + a(layer1.out_proj.bias)
+    x2 = (without if unembed_too else x1) + out
+    return x2 @ a(model.unembed.weight).T + a(model.unembed.bias)
 
 
-def _induction_cases():
-    rng = _rng(603)
-    cases = []
-    for period, H, sharp in ((6, 5, 0.6), (8, 6, 0.55), (5, 4, 0.65)):
-        tokens = np.concatenate([[0], np.tile(rng.permutation(np.arange(1, 27))[:period], 2)])
-        T = len(tokens)
-        kinds = ["induction", *rng.permutation(_KINDS[1:])[:H - 1]]
-        if "duplicate" not in kinds:
-            kinds[-1] = "duplicate"  # always include the off-by-one decoy
-        order = rng.permutation(H)
-        kinds = [kinds[j] for j in order]
-        heads = []
-        for kind in kinds:
-            mix = sharp if kind == "induction" else 0.92  # the induction head is not the sharpest
-            heads.append(mix * _pattern(kind, tokens) +
-                         (1 - mix) * _causal_weights(rng, (T, T)))
-        cases.append((np.stack(heads), tokens, kinds))
-    return cases
+def _repeat_loss(logits: np.ndarray, tokens: torch.Tensor) -> float:
+    """Mean cross-entropy of the predictions made at repeated tokens."""
+    from ..tiny_transformer import seen_before
+
+    logits = logits[:, :-1]
+    logp = logits - logits.max(axis=-1, keepdims=True)
+    logp = logp - np.log(np.exp(logp).sum(axis=-1, keepdims=True))
+    nll = -np.take_along_axis(logp, tokens[:, 1:].numpy()[..., None], axis=-1)[..., 0]
+    return float(nll[seen_before(tokens)[:, :-1].numpy()].mean())
 
 
-def _hint_for(kind: str, h: int) -> str:
-    return {
-        "duplicate": f"head {h} attends to the earlier occurrence of the current token itself; an "
-                     "induction head attends to the key right *after* it (key k with "
-                     "tokens[k - 1] == tokens[i])",
-        "previous": f"head {h} is a previous-token head (query i on key i - 1); an induction head "
-                    "attends to the token after an earlier occurrence of the current token",
-        "bos": f"head {h} is the sharpest head, but it rests on BOS (key 0): sharp is not the same "
-               "as useful. Score each head on the induction pattern",
-        "self": f"head {h} is sharp, but it looks at the query itself (the main diagonal); score "
-                "each head on the induction pattern",
-        "uniform": f"head {h} spreads its weight evenly over all keys it can see; score each head "
-                   "on the induction pattern",
-    }[kind]
+def _trained_notebook_model(model, exercise: str):
+    """The notebook's trained 2-layer model, its previous-token head and a hidden batch, or a
+    hint."""
+    from ..tiny_transformer import TinyTransformer, evaluate, previous_token_score
+
+    if not isinstance(model, TinyTransformer):
+        raise _Wrong(f"pass the notebook's trained model as the last argument of the checker "
+                     f"(check_{exercise}(..., model)); got {type(model).__name__}")
+    if ((model.vocab_size, model.context_length, model.num_layers) != (_VOCAB, _T, 2)
+            or model.positional != "learned"):
+        raise _Wrong("pass the notebook's two-layer model (TinyTransformer(27, 21), trained in "
+                     "section 3) as the last argument")
+    tokens = _hidden_batch(10, 630)
+    r = evaluate(model, tokens)
+    if r["repeat_loss"] > 0.5:
+        raise _Wrong("the model you passed has not learned the task (its loss on repeated "
+                     "tokens is above 0.5): pass the notebook's model after training (section 3)")
+    prev = previous_token_score(r["weights"]).mean(dim=0)[0]  # (heads,) of layer 0
+    return tokens, (0, int(prev.argmax()))
+
+
+def _path_model(seed: int):
+    from ..tiny_transformer import TinyTransformer, repeated_tokens
+
+    torch.manual_seed(seed)
+    model = TinyTransformer(11, 9, d_model=12, num_heads=3, num_layers=2).eval()
+    with torch.no_grad():  # visible output biases
+        for layer in model.layers:
+            layer.out_proj.bias.normal_()
+    tokens = repeated_tokens(6, 9, 11, 3, 4, generator=torch.Generator().manual_seed(seed))
+    return model, tokens
 
 
 @_checker
-def check_find_induction_head(find_induction_head):
-    """``find_induction_head(weights, tokens)`` -> the index (an int) of the induction head among
-    one layer's heads. weights ``(H, T, T)``, tokens ``(T,)``: torch tensors of one sequence that
-    repeats a segment. The other heads are decoys (previous-token, duplicate-token, BOS, ...)."""
-    for w, tokens, kinds in _induction_cases():
-        ans = _call(find_induction_head, _t(w.copy()), torch.from_numpy(tokens.copy()),
-                    name="find_induction_head")
-        if isinstance(ans, torch.Tensor) and ans.numel() == 1:
-            ans = ans.item()
-        if isinstance(ans, np.ndarray) and ans.size == 1:
-            ans = ans.item()
-        if isinstance(ans, (torch.Tensor, np.ndarray, list, tuple)):
-            raise _Wrong("return the index of one head (an int), e.g. int(scores.argmax()), not "
-                         "the scores of all heads")
-        if isinstance(ans, (bool, np.bool_)) or not isinstance(ans, (int, np.integer)):
-            raise _Wrong(f"return the index of a head as an int; got {type(ans).__name__}")
-        h = int(ans)
-        if not 0 <= h < len(kinds):
-            raise _Wrong(f"there are {len(kinds)} heads (0 .. {len(kinds) - 1}); got {h}")
-        if kinds[h] != "induction":
-            raise _Wrong(_hint_for(kinds[h], h))
-    return "in every hidden layer the induction head was found among the decoys."
+def check_k_composition(knock_out, breaks, model):
+    """``knock_out(model, tokens, head, path)`` -> logits ``(B, T, vocab_size)`` of the 2-layer
+    ``TinyTransformer`` ``model`` on ``tokens`` ``(B, T)`` in which layer 1 computes its
+    ``path`` (``"query"``, ``"key"`` or ``"value"``) from the residual stream without the output
+    of ``head`` (a layer-0 head ``(0, h)``), and everything else as usual. ``breaks``: the path
+    you predict induction needs the previous-token head for. ``model``: the notebook's trained
+    model, on which the checker measures all three paths (hidden batch, period 10)."""
+    for seed, h, path in ((631, 1, "key"), (632, 2, "query"), (633, 0, "value")):
+        net, tokens = _path_model(seed)
+        before = {k: v.clone() for k, v in net.state_dict().items()}
+        out = _call(knock_out, net, tokens, (0, h), path, copy=False, name="knock_out")
+        if isinstance(out, tuple):
+            out = out[0]
+        if isinstance(out, torch.nn.Module):
+            raise _Wrong("return the logits (B, T, vocab_size), not a model")
+        got = _arr(out, "the logits")
+        ok = _ref_knock_out(net, tokens, (0, h), [path])
+        _shape(got, ok.shape, "the logits", "(B, T, vocab_size)")
+        if any(not torch.equal(before[k], v) for k, v in net.state_dict().items()):
+            raise _Wrong("the model you were given has changed: compute the forward pass "
+                         "without writing into its weights (or change a copy)")
+        if _close(got, ok, 1e-4):
+            continue
+        for other in _PATHS:
+            if other != path and _close(got, _ref_knock_out(net, tokens, (0, h), [other]), 1e-4):
+                raise _Wrong(f"asked for path={path!r}, you removed the head from layer 1's "
+                             f"{other} input instead")
+        for g in range(net.num_heads):
+            if g != h and _close(got, _ref_knock_out(net, tokens, (0, g), [path]), 1e-4):
+                raise _Wrong(f"you removed head {g} of layer 0, not head {h}: head h owns the "
+                             "features h*head_dim:(h+1)*head_dim of the concatenation")
+        _diagnose(got, [
+            ("nothing changed: the logits are the unablated model's",
+             _ref_knock_out(net, tokens, (0, h), [])),
+            ("that is zero ablation: the head is gone from all of layer 1's inputs and from the "
+             "stream the unembedding reads; remove it only from the one path's input",
+             _ref_knock_out(net, tokens, (0, h), _PATHS, unembed_too=True)),
+            ("you removed the head from all three of layer 1's inputs (queries, keys and "
+             "values); remove it only from the one named by path",
+             _ref_knock_out(net, tokens, (0, h), _PATHS)),
+            ("the head is also missing from the residual stream that reaches the unembedding: "
+             "layer 1's output must be added to the full stream x + layer 0's output; only the "
+             "path's input lacks the head", _ref_knock_out(net, tokens, (0, h), [path],
+                                                           unembed_too=True)),
+            ("you also removed layer 0's output bias b_o: it belongs to no head, keep it",
+             _ref_knock_out(net, tokens, (0, h), [path], remove="head+bias")),
+            ("you removed all of layer 0's output from that input, not only the one head's",
+             _ref_knock_out(net, tokens, (0, h), [path], remove="layer")),
+        ], atol=1e-4)
+        raise _Wrong(f"the logits differ from the answer by up to {_maxdiff(got, ok)} (path="
+                     f"{path!r}, head (0, {h}))")
+    if breaks not in _PATHS:
+        raise _Wrong(f'set breaks to "query", "key" or "value" (your prediction); got '
+                     f"{breaks!r}")
+    tokens, prev = _trained_notebook_model(model, "k_composition")
+    loss = {_PLURAL[p]: _repeat_loss(_ref_knock_out(model, tokens, prev, [p]), tokens)
+            for p in _PATHS}
+    measured = max(_PATHS, key=lambda p: loss[_PLURAL[p]])
+    summary = ", ".join(f"{p} {v:.2f}" for p, v in loss.items())
+    if breaks != measured:
+        why = {"query": "the query only needs the current token, which its own embedding holds",
+               "value": "the value only needs the letter to copy, which the key position's own "
+                        "embedding holds",
+               "key": "a key must say which token came before it, and only the previous-token "
+                      "head writes that"}
+        raise _Wrong(f"you predicted {breaks}, but removing the previous-token head {prev} from "
+                     f"layer 1's inputs gives repeat losses of {summary} on the hidden batch: "
+                     f"{why[breaks]}")
+    return (f"repeat loss without the previous-token head in layer 1's {summary}: only the "
+            "keys need it. That is K-composition.")
 
 
 # --------------------------------------------------------------------------------------------
@@ -367,7 +456,8 @@ def check_fixed_period_shortcut(train_fixed_period, works_on):
             raise _Wrong("period 10 works: it is the period the model was trained on")
         raise _Wrong(f"period {p} works too (accuracy above one half): copying the token 9 "
                      f"positions back is right whenever the period divides 10, and {p} does "
-                     "(only the first repeats, before a token 9 back exists, go wrong)")
+                     "(only the queries 6 to 9 go wrong: 9 positions back from them lies "
+                     "nothing or BOS)")
     return ("with one period to learn, a position shortcut (copy from 9 back) beats induction; "
             "periods drawn from 4 to 12 make counting useless, which is why the notebook uses "
             "them.")

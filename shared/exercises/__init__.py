@@ -27,8 +27,8 @@ The exercises, by notebook (the checker names say what they check):
 * 04: ``check_fixed_multi_head``, ``check_duplicate_token_head``, ``check_attention_parameters``.
 * 05: ``check_time_call``, ``check_merge_partials``, ``check_saved_probs_fraction``,
   ``check_flash_block_sizes``.
-* 06: ``check_one_layer_experiment``, ``check_position_mean_ablation``,
-  ``check_find_induction_head``, ``check_fixed_period_shortcut``.
+* 06: ``check_one_layer_experiment``, ``check_position_mean_ablation``, ``check_k_composition``,
+  ``check_fixed_period_shortcut``.
 * 07: ``check_ntk_base``, ``check_shift_change``, ``check_to_half_split``,
   ``check_alibi_mass_beyond``.
 * 08: ``check_llama_step_fix``, ``check_cache_bytes``, ``check_sink_ring_cache``,

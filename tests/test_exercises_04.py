@@ -278,7 +278,48 @@ def params_raises(config):
     return config["num_kv_heads"]  # a key the config does not have
 
 
+def buggy_as_in_the_notebook(X, W_q, W_k, W_v, W_o, num_heads):
+    """Exercise 4.1's buggy function, copied from the notebook."""
+    B, T, _ = X.shape
+    Q = (X @ W_q).view(B, T, num_heads, -1).transpose(1, 2)
+    K = (X @ W_k).view(B, T, num_heads, -1).transpose(1, 2)
+    V = (X @ W_v).view(B, num_heads, T, -1)
+    scores = Q @ K.transpose(-2, -1) / math.sqrt(W_q.shape[1])
+    may_attend = torch.ones(T, T, dtype=torch.bool).tril()
+    weights = torch.softmax(scores.masked_fill(~may_attend, float("-inf")), dim=-1)
+    return (weights @ V).reshape(B, T, -1) @ W_o
+
+
+def _buggy_agrees_with_sdpa(num_heads):
+    """Measured with PyTorch's SDPA, independently of the checker: float64, 3 random cases."""
+    g = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        X = torch.randn(2, 5, 7, generator=g, dtype=torch.float64)
+        W_q, W_k = (torch.randn(7, 4 * num_heads, generator=g, dtype=torch.float64) for _ in range(2))
+        W_v = torch.randn(7, 3 * num_heads, generator=g, dtype=torch.float64)
+        W_o = torch.randn(3 * num_heads, 6, generator=g, dtype=torch.float64)
+        q, k, v = (split_heads(X @ W, num_heads) for W in (W_q, W_k, W_v))
+        ref = merge_heads(F.scaled_dot_product_attention(q, k, v, is_causal=True)) @ W_o
+        if (buggy_as_in_the_notebook(X, W_q, W_k, W_v, W_o, num_heads) - ref).abs().max() > 1e-6:
+            return False
+    return True
+
+
+MEASURED = {h: _buggy_agrees_with_sdpa(h) for h in (1, 3)}
+FLIPPED_1 = {1: not MEASURED[1], 3: MEASURED[3]}
+FLIPPED_3 = {1: MEASURED[1], 3: not MEASURED[3]}
+FLIPPED_BOTH = {1: not MEASURED[1], 3: not MEASURED[3]}
+
 CASES = [
+    (ex.check_bug_prediction, (MEASURED,), True, "measured: num_heads = 1 agrees, num_heads = 3 differs"),
+    (ex.check_bug_prediction, ({1: np.bool_(MEASURED[1]), 3: np.bool_(MEASURED[3])},), True, OK),
+    (ex.check_bug_prediction, ({1: None, 3: None},), None, NA),
+    (ex.check_bug_prediction, ({1: True, 3: None},), None, "both are filled in"),
+    (ex.check_bug_prediction, (FLIPPED_1,), False, "your guess for num_heads = 1 was off: with one head"),
+    (ex.check_bug_prediction, (FLIPPED_3,), False, "your guess for num_heads = 3 was off: with three heads"),
+    (ex.check_bug_prediction, (FLIPPED_BOTH,), False, "num_heads = 1 and 3 were off"),
+    (ex.check_bug_prediction, ({1: "yes", 3: False},), False, "write True or False for num_heads = 1"),
+    (ex.check_bug_prediction, ({2: True, 4: False},), False, "the keys 1 and 3"),
     (ex.check_fixed_multi_head, (mh_ok,), True, OK),
     (ex.check_fixed_multi_head, (mh_sdpa_float32,), True, OK),
     (ex.check_fixed_multi_head, (stub,), None, NA),

@@ -4,6 +4,9 @@ Every reference is computed before the learner's code runs, from inputs the lear
 (the learner gets copies), so changing an input in place cannot change what it is judged
 against. Answers computed in float32 are accepted (the tolerances are float32's).
 
+* 4.1 ``check_bug_prediction``: the learner first commits to whether the buggy function agrees
+  with SDPA at one head and at three; only then does the checker measure it (on hidden inputs)
+  and say which guess was off.
 * 4.1 ``check_fixed_multi_head``: fix three silent bugs in a multi-head attention function. Every
   combination the checker can name (each planted bug, every wrong scaling, no mask, softmax over
   the keys' columns) gives a different output on every hidden case, so a hint names exactly the
@@ -29,6 +32,7 @@ from ._core import (
     _call,
     _checker,
     _maxdiff,
+    _NotAttempted,
     _rng,
     _softmax,
     _t,
@@ -36,6 +40,7 @@ from ._core import (
 )
 
 __all__ = [
+    "check_bug_prediction",
     "check_fixed_multi_head",
     "check_duplicate_token_head",
     "check_attention_parameters",
@@ -165,6 +170,53 @@ def _multi_head_hint(variant: tuple) -> str:
     lead = (f"{planted} of the 3 planted bugs {'is' if planted == 1 else 'are'} still there; "
             if planted else "")
     return lead + "; ".join(wrong)
+
+
+def _planted_bugs_agree(num_heads: int) -> bool:
+    """Does the buggy function of exercise 4.1 agree with correct multi-head attention at
+    ``num_heads`` heads, on every hidden case (float64; the difference is 0 or of order 1)?"""
+    rng = _rng(411)
+    for B, T, d_in, _, d_k, d_v, d_out in _MH_CASES:
+        args = _multi_head_case(rng, (B, T, d_in, num_heads, d_k, d_v, d_out))
+        planted = _multi_head_variant(*args, num_heads, *_PLANTED)
+        if np.abs(planted - _multi_head_variant(*args, num_heads, *_RIGHT)).max() > 1e-6:
+            return False
+    return True
+
+
+_PREDICTION_HINTS = {
+    1: "with one head, .view(B, 1, T, d_v) and the view-then-transpose lay out the same numbers, "
+       "H * d_k is d_k, and reshaping (B, 1, T, d_v) to (B, T, d_v) moves nothing: what is left "
+       "of each bug?",
+    3: "with three heads, every step that cuts the heads apart, scales their scores or joins "
+       "them again has a way to go wrong that one head cannot show",
+}
+
+
+@_checker
+def check_bug_prediction(my_prediction):
+    """``my_prediction``: ``{1: bool, 3: bool}``, whether ``buggy_multi_head_attention`` agrees
+    with ``F.scaled_dot_product_attention`` at ``num_heads`` = 1 and 3. The checker measures this
+    itself, on hidden inputs, and only once both guesses are filled in."""
+    if not isinstance(my_prediction, dict) or set(my_prediction) != {1, 3}:
+        raise _Wrong("my_prediction must be a dict with the keys 1 and 3 (the numbers of heads), "
+                     f"e.g. {{1: True, 3: True}}; got {my_prediction!r}")
+    if any(v is None for v in my_prediction.values()):
+        raise _NotAttempted("write True or False for num_heads = 1 and 3 in my_prediction; the "
+                            "measurement is shown once both are filled in")
+    for heads, guess in my_prediction.items():
+        if not isinstance(guess, (bool, np.bool_)):
+            raise _Wrong(f"write True or False for num_heads = {heads}; got {guess!r}")
+    measured = {heads: _planted_bugs_agree(heads) for heads in (1, 3)}
+    shown = ", ".join(f"num_heads = {h} {'agrees' if measured[h] else 'differs'}"
+                      for h in (1, 3))
+    off = [h for h in (1, 3) if bool(my_prediction[h]) != measured[h]]
+    if off:
+        raise _Wrong(f"measured: {shown}; your guess for num_heads = "
+                     f"{' and '.join(map(str, off))} {'was' if len(off) == 1 else 'were'} off: "
+                     + "; ".join(_PREDICTION_HINTS[h] for h in off))
+    return (f"measured: {shown}. A multi-head function must be tested with several heads "
+            "(and T > 1): with one head all three bugs vanish.")
 
 
 @_checker

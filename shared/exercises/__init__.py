@@ -24,7 +24,8 @@ The exercises, by notebook (the checker names say what they check):
   ``check_shift_matrix``, ``check_recover_permutation``, ``check_attention_bug_fix``.
 * 03: ``check_sliding_window_attention``, ``check_window_pairs``, ``check_expected_empty_rows``,
   ``check_causal_bug_fix``.
-* 04: ``check_fixed_multi_head``, ``check_duplicate_token_head``, ``check_attention_parameters``.
+* 04: ``check_bug_prediction``, ``check_fixed_multi_head``, ``check_duplicate_token_head``,
+  ``check_attention_parameters``.
 * 05: ``check_time_call``, ``check_merge_partials``, ``check_saved_probs_fraction``,
   ``check_flash_block_sizes``.
 * 06: ``check_one_layer_experiment``, ``check_position_mean_ablation``, ``check_k_composition``,

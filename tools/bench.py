@@ -525,6 +525,12 @@ def stale_probe(compiled, device: torch.device, dtype, plan: FlexPlan) -> dict:
     }
 
 
+def recompile_widths(plan: FlexPlan) -> tuple[int, ...]:
+    """Widths no kernel of the per-call table used (that window at T = lengths[0] would be a
+    compile-cache hit, not a compile)."""
+    return plan.window // 2, plan.window // 4, plan.window // 8
+
+
 def recompile_probe(device: torch.device, dtype, plan: FlexPlan) -> dict:
     """First-call seconds of the compiled kernel when a sliding window's width changes, the window
     a ``mask_mod`` with its ``BlockMask``: the width held as a Python int in the mask_mod's closure
@@ -548,7 +554,7 @@ def recompile_probe(device: torch.device, dtype, plan: FlexPlan) -> dict:
         torch._dynamo.reset()
         compiled = torch.compile(flex_attention, dynamic=False)
         firsts = []
-        for w in (plan.window, plan.window // 2, plan.window // 4):
+        for w in recompile_widths(plan):
             if kind == "int":
                 mask_mod = flex.sliding_window(w)
             else:
@@ -618,7 +624,7 @@ def flex_markdown(device, result: dict, plan: FlexPlan, info: dict, seconds: flo
                      f"{r['error']:.0e} |")
     rec = result["recompile"]
     T = plan.lengths[0]
-    widths = (plan.window, plan.window // 2, plan.window // 4)
+    widths = recompile_widths(plan)
     lines += [
         "",
         f"## Recompiles (T = {T})",

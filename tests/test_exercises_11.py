@@ -101,40 +101,42 @@ def tiles_dense(T, bs, w):  # builds the (T, T) mask: far too slow at T = 4 mill
 
 # 11.4 ------------------------------------------------------------------------------------------
 def bias_factory(index):
-    """``index(table, h, q_idx, kv_idx)`` -> the added bias; a factory table -> score_mod."""
+    """``index(table, h, q_idx, kv_idx, R)`` -> the added bias; a factory table -> score_mod."""
     def relative_bias(table):
+        R = (table.shape[1] - 1) // 2
+
         def score_mod(score, b, h, q_idx, kv_idx):
-            return score + index(table, h, q_idx, kv_idx)
+            return score + index(table, h, q_idx, kv_idx, R)
         return score_mod
     return relative_bias
 
 
-D_LAST = lambda t: t.shape[1] - 1  # noqa: E731
-bias_ok = bias_factory(lambda t, h, q, k: t[h, torch.clamp(q - k, 0, D_LAST(t))])
-bias_where = bias_factory(lambda t, h, q, k: t[h, torch.where(q - k > D_LAST(t), D_LAST(t), q - k)
-                                               .clamp(min=0)])
-bias_no_clamp = bias_factory(lambda t, h, q, k: t[h, q - k])
-bias_head0 = bias_factory(lambda t, h, q, k: t[0, torch.clamp(q - k, 0, D_LAST(t))])
-bias_reversed = bias_factory(lambda t, h, q, k: t[h, torch.clamp(k - q, 0, D_LAST(t))])
-bias_off_by_one = bias_factory(lambda t, h, q, k: t[h, torch.clamp(q - k + 1, 0, D_LAST(t))])
-bias_detached = bias_factory(lambda t, h, q, k: t.detach()[h, torch.clamp(q - k, 0, D_LAST(t))])
-
-
-def bias_subtracted(table):
-    def score_mod(score, b, h, q_idx, kv_idx):
-        return score - table[h, torch.clamp(q_idx - kv_idx, 0, table.shape[1] - 1)]
-    return score_mod
+bias_ok = bias_factory(lambda t, h, q, k, R: t[h, torch.clamp(k - q, -R, R) + R])
+bias_where = bias_factory(lambda t, h, q, k, R: t[h, torch.where(k - q > R, 2 * R, torch.where(
+    k - q < -R, 0, k - q + R))])
+bias_no_clamp = bias_factory(lambda t, h, q, k, R: t[h, k - q + R])
+bias_no_offset = bias_factory(lambda t, h, q, k, R: t[h, torch.clamp(k - q, -R, R)])
+bias_offset_too_big = bias_factory(lambda t, h, q, k, R: t[h, torch.clamp(k - q, -R, R) + R + 1])
+bias_offset_too_small = bias_factory(lambda t, h, q, k, R: t[h, torch.clamp(k - q, -R, R) + R - 1])
+bias_head0 = bias_factory(lambda t, h, q, k, R: t[0, torch.clamp(k - q, -R, R) + R])
+bias_mirrored = bias_factory(lambda t, h, q, k, R: t[h, torch.clamp(q - k, -R, R) + R])
+bias_detached = bias_factory(lambda t, h, q, k, R: t.detach()[h, torch.clamp(k - q, -R, R) + R])
+bias_subtracted = bias_factory(lambda t, h, q, k, R: -t[h, torch.clamp(k - q, -R, R) + R])
 
 
 def bias_alone(table):
+    R = (table.shape[1] - 1) // 2
+
     def score_mod(score, b, h, q_idx, kv_idx):
-        return table[h, torch.clamp(q_idx - kv_idx, 0, table.shape[1] - 1)] + 0 * score
+        return table[h, torch.clamp(kv_idx - q_idx, -R, R) + R] + 0 * score
     return score_mod
 
 
 def bias_python_min(table):
+    R = (table.shape[1] - 1) // 2
+
     def score_mod(score, b, h, q_idx, kv_idx):
-        return score + table[h, min(int(q_idx - kv_idx), table.shape[1] - 1)]
+        return score + table[h, min(max(int(kv_idx - q_idx), -R), R) + R]
     return score_mod
 
 
@@ -179,9 +181,11 @@ CASES = [
     (C.check_relative_bias, (stub,), None, NA),
     (C.check_relative_bias, (stub_raises,), None, NA),
     (C.check_relative_bias, (bias_no_clamp,), False, "clamp the distance"),
+    (C.check_relative_bias, (bias_offset_too_big,), False, "although every distance fits"),
+    (C.check_relative_bias, (bias_offset_too_small,), False, "off by one"),
+    (C.check_relative_bias, (bias_no_offset,), False, "shift the clamped distance by R"),
     (C.check_relative_bias, (bias_head0,), False, "its own row"),
-    (C.check_relative_bias, (bias_reversed,), False, "reads column 0"),
-    (C.check_relative_bias, (bias_off_by_one,), False, "off by one"),
+    (C.check_relative_bias, (bias_mirrored,), False, "mirrored"),
     (C.check_relative_bias, (bias_subtracted,), False, "not subtracted"),
     (C.check_relative_bias, (bias_alone,), False, "not the bias alone"),
     (C.check_relative_bias, (bias_detached,), False, "no gradient"),
@@ -326,9 +330,9 @@ def test_stale_prediction_matches_a_compiled_free_brute_force():
 
 
 def test_relative_bias_reference_against_a_loop():
-    table = torch.arange(12.0).reshape(2, 6)
+    table = torch.arange(14.0).reshape(2, 7)  # R = 3
     got = nb11._reference_bias(table, 9)
     for h in range(2):
         for i in range(9):
             for j in range(9):
-                assert got[h, i, j] == (table[h, min(i - j, 5)] if j <= i else 0)
+                assert got[h, i, j] == table[h, min(max(j - i, -3), 3) + 3]

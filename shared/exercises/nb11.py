@@ -267,28 +267,32 @@ def check_tile_counts(tile_counts):
 # 11.4 A learned relative-position bias (a score_mod that reads a trainable tensor)
 # --------------------------------------------------------------------------------------------
 def _reference_bias(table: torch.Tensor, T: int) -> torch.Tensor:
-    """``(H, T, T)``: ``table[h, min(i - j, D - 1)]`` for ``j <= i`` (``D = table.shape[1]``), 0
-    above the diagonal (masked there anyway)."""
+    """``(H, T, T)``: ``table[h, clamp(j - i, -R, R) + R]`` for query ``i``, key ``j``, where
+    ``table`` is ``(H, 2R + 1)``: column 0 = ``R`` or more keys before the query, column ``R`` =
+    the query's own position, column ``2R`` = ``R`` or more keys after it."""
+    R = (table.shape[1] - 1) // 2
     i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
-    dist = (i - j).clamp(0, table.shape[1] - 1)
-    return table[:, dist] * (j <= i)
+    return table[:, (j - i).clamp(-R, R) + R]
 
 
-_BIAS_CASES = ((3, 5, 12), (2, 3, 9), (4, 8, 8))  # heads, table columns, tokens
+# heads, R (the table has 2R + 1 columns), tokens; the first case needs no clamp (T <= R + 1)
+_BIAS_CASES = ((2, 3, 4), (3, 2, 9), (4, 4, 12))
 
 
 @_checker
 def check_relative_bias(relative_bias):
-    """``relative_bias(table)`` -> a score_mod adding ``table[h, min(i - j, D - 1)]`` to the score
-    of query ``i``, key ``j <= i`` in head ``h``; ``table`` ``(H, D)`` is trainable, so its
-    gradient must come through FlexAttention (checked against SDPA with the dense bias)."""
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    """``relative_bias(table)`` -> a score_mod adding ``table[h, clamp(kv_idx - q_idx, -R, R) + R]``
+    to the score of query ``q_idx`` and key ``kv_idx`` in head ``h`` (``table`` ``(H, 2R + 1)``,
+    trainable; no mask, as in an encoder). Checked on the scores and on the table's gradient
+    through FlexAttention against SDPA with the dense bias."""
+    from torch.nn.attention.flex_attention import flex_attention
 
-    from shared.flex import causal, score_bias
+    from shared.flex import score_bias
 
     gen = torch.Generator().manual_seed(11)
-    for H, D, T in _BIAS_CASES:
-        what = f"(H = {H}, table of {D} columns, T = {T})"
+    for H, R, T in _BIAS_CASES:
+        D = 2 * R + 1
+        what = f"(H = {H}, R = {R}, T = {T})"
         table = torch.randn(H, D, generator=gen, dtype=torch.float64, requires_grad=True)
         mod = _call(relative_bias, table, name="relative_bias", copy=False)
         if not callable(mod):
@@ -305,9 +309,13 @@ def check_relative_bias(relative_bias):
         except Exception as e:  # noqa: BLE001 - learner code may raise anything
             text = str(e)
             if "index" in text.lower() and ("out of" in text or "bounds" in text):
-                raise _Wrong("an index went past the table's last column: keys more than "
-                             "D - 1 positions back must all read column D - 1 (clamp the "
-                             f"distance) {what}") from None
+                if T <= R + 1:  # every distance fits the table: the offset is wrong
+                    raise _Wrong("an index went past the table although every distance fits: "
+                                 "distance 0 is column R, so the columns run from 0 (R keys "
+                                 f"back) to 2R (R keys ahead) {what}") from None
+                raise _Wrong("an index went past the table: keys more than R positions away "
+                             "must share the first or the last column (clamp the distance "
+                             f"to [-R, R]) {what}") from None
             if "data-dependent" in text or "Boolean value of Tensor" in text or ".item()" in text:
                 raise _Wrong("the score_mod converts a tensor to a Python value (`if`, `min`, "
                              "`.item()`): FlexAttention calls it on index tensors, so use "
@@ -317,37 +325,32 @@ def check_relative_bias(relative_bias):
             raise _Wrong(f"the score_mod must return one new score per score; got "
                          f"{getattr(got, 'shape', type(got).__name__)} for scores of shape "
                          f"{tuple(scores.shape)}")
-        causal_pairs = torch.ones(T, T, dtype=torch.bool).tril()
         bias = _reference_bias(table.detach(), T)[None]
-        ref = scores + bias
-
-        def same(x, got=got, ok=causal_pairs):
-            return torch.allclose(got[..., ok], x[..., ok], atol=1e-9)
-
-        if not same(ref):
+        if not torch.allclose(got, scores + bias, atol=1e-9):
             i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
             t = table.detach()
             cands = [
                 (scores - bias, "the bias is added to the score, not subtracted"),
                 (bias, "a score_mod returns the new score: the score plus the bias, not the bias "
                        "alone"),
-                (scores + t[0, (i - j).clamp(0, D - 1)][None, None],
+                (scores + t[0, (j - i).clamp(-R, R) + R][None, None],
                  "every head reads row 0 of the table: each head has its own row, table[h]"),
-                (scores + t[:, (j - i).clamp(0, D - 1)][None],
-                 "every pair reads column 0: the distance of a key behind the query is "
-                 "q_idx - kv_idx; kv_idx - q_idx is never positive, so the clamp sends it to 0"),
-                (scores + t[:, (i - j + 1).clamp(0, D - 1)][None],
-                 "off by one: the query's own key (distance 0) reads column 0"),
-                (scores + t[:, (i - j).clamp(0, D - 2)][None] if D > 2 else None,
-                 "the last column is D - 1: keys D - 1 or more positions back all read it"),
+                (scores + t[:, (i - j).clamp(-R, R) + R][None],
+                 "mirrored: column 0 is for keys R or more positions *before* the query, so "
+                 "the column follows kv_idx - q_idx"),
+                (scores + t[:, ((j - i).clamp(-R, R)) % D][None],
+                 "distance 0 is column R: shift the clamped distance by R (a negative index "
+                 "wraps round to the end of the table)"),
+                (scores + t[:, ((j - i).clamp(-R, R) + R - 1) % D][None],
+                 "off by one: distance 0 is column R, the middle of the table"),
             ]
             for value, hint in cands:
-                if value is not None and same(value):
+                if torch.allclose(got, value, atol=1e-9):
                     raise _Wrong(f"{hint} {what}")
-            diff = ((got - ref).abs()[0] * causal_pairs).amax(dim=0)
+            diff = (got - scores - bias).abs()[0].amax(dim=0)
             qi, kj = (int(x) for x in torch.nonzero(diff > 1e-9)[0])
-            raise _Wrong(f"query {qi}, key {kj}: the score should change by the table entry of "
-                         f"distance {qi - kj} (or the last column, if further) {what}")
+            raise _Wrong(f"query {qi}, key {kj}: the score should change by the table entry for "
+                         f"key - query = {kj - qi} (clamped to [-R, R]) {what}")
         # the gradient: through FlexAttention (eager), against SDPA with the dense bias
         Q, K, V = (torch.randn(1, H, T, 4, generator=gen, dtype=torch.float64) for _ in range(3))
         G = torch.randn(1, H, T, 4, generator=gen, dtype=torch.float64)
@@ -356,9 +359,8 @@ def check_relative_bias(relative_bias):
                    f"its gradient) {what}")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            bm = create_block_mask(causal, None, None, T, T, device="cpu", BLOCK_SIZE=4)
             try:
-                out = flex_attention(Q, K, V, score_mod=mod, block_mask=bm)
+                out = flex_attention(Q, K, V, score_mod=mod)
             except Exception as e:  # noqa: BLE001 - its values were right under vmap
                 raise _Wrong(f"{no_grad} (FlexAttention raised {type(e).__name__})") from None
         if not out.requires_grad:
@@ -369,14 +371,13 @@ def check_relative_bias(relative_bias):
             raise _Wrong(f"{no_grad} (its backward raised {type(e).__name__})") from None
         got_grad = table.grad
         ref_table = table.detach().clone().requires_grad_()
-        mask = _reference_bias(ref_table, T).masked_fill(~causal_pairs, float("-inf"))
         sdpa = torch.nn.functional.scaled_dot_product_attention
-        (sdpa(Q, K, V, attn_mask=mask) * G).sum().backward()
+        (sdpa(Q, K, V, attn_mask=_reference_bias(ref_table, T)) * G).sum().backward()
         if got_grad is None or not torch.allclose(got_grad, ref_table.grad, atol=1e-9):
             raise _Wrong("the table's gradient is wrong: read the table itself inside the "
                          f"score_mod, not a copy {what}")
-    return ("one row of learned biases per head, trained through FlexAttention like any "
-            "parameter (T5 learns such a table, with log-spaced distance buckets).")
+    return ("one row of learned biases per head, trained through FlexAttention like any other "
+            "parameter (T5 learns such a table, with log-spaced buckets for far distances).")
 
 
 # --------------------------------------------------------------------------------------------

@@ -99,6 +99,47 @@ def tiles_dense(T, bs, w):  # builds the (T, T) mask: far too slow at T = 4 mill
     return tuple(int(x) for x in np.zeros(2) + np.ones((T, T), dtype=bool).sum())
 
 
+# 11.4 ------------------------------------------------------------------------------------------
+def bias_factory(index):
+    """``index(table, h, q_idx, kv_idx, R)`` -> the added bias; a factory table -> score_mod."""
+    def relative_bias(table):
+        R = (table.shape[1] - 1) // 2
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score + index(table, h, q_idx, kv_idx, R)
+        return score_mod
+    return relative_bias
+
+
+bias_ok = bias_factory(lambda t, h, q, k, R: t[h, torch.clamp(k - q, -R, R) + R])
+bias_where = bias_factory(lambda t, h, q, k, R: t[h, torch.where(k - q > R, 2 * R, torch.where(
+    k - q < -R, 0, k - q + R))])
+bias_no_clamp = bias_factory(lambda t, h, q, k, R: t[h, k - q + R])
+bias_no_offset = bias_factory(lambda t, h, q, k, R: t[h, torch.clamp(k - q, -R, R)])
+bias_offset_too_big = bias_factory(lambda t, h, q, k, R: t[h, torch.clamp(k - q, -R, R) + R + 1])
+bias_offset_too_small = bias_factory(lambda t, h, q, k, R: t[h, torch.clamp(k - q, -R, R) + R - 1])
+bias_head0 = bias_factory(lambda t, h, q, k, R: t[0, torch.clamp(k - q, -R, R) + R])
+bias_mirrored = bias_factory(lambda t, h, q, k, R: t[h, torch.clamp(q - k, -R, R) + R])
+bias_detached = bias_factory(lambda t, h, q, k, R: t.detach()[h, torch.clamp(k - q, -R, R) + R])
+bias_subtracted = bias_factory(lambda t, h, q, k, R: -t[h, torch.clamp(k - q, -R, R) + R])
+
+
+def bias_alone(table):
+    R = (table.shape[1] - 1) // 2
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return table[h, torch.clamp(kv_idx - q_idx, -R, R) + R] + 0 * score
+    return score_mod
+
+
+def bias_python_min(table):
+    R = (table.shape[1] - 1) // 2
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return score + table[h, min(max(int(kv_idx - q_idx), -R), R) + R]
+    return score_mod
+
+
 C = nb11
 CASES = [
     (C.check_chunked_causal, (chunked_ok,), True, OK),
@@ -118,9 +159,10 @@ CASES = [
     (C.check_window_bug, (None, stub), None, NA),
     (C.check_window_bug, (4, stub), None, NA),
     (C.check_window_bug, (None, window_ok), False, "fill in first_wrong_query"),
-    (C.check_window_bug, (5, window_ok), False, "count from 0"),
-    (C.check_window_bug, (3, window_ok), False, "exists only from query 4"),
-    (C.check_window_bug, (0, window_ok), False, "does not exist yet"),
+    (C.check_window_bug, (5, window_ok), False, "too late"),
+    (C.check_window_bug, (9, window_ok), False, "too late"),
+    (C.check_window_bug, (3, window_ok), False, "too early"),
+    (C.check_window_bug, (0, window_ok), False, "too early"),
     (C.check_window_bug, (4.0, window_ok), False, "one integer"),
     (C.check_window_bug, (4, window_still_buggy), False, "still the bug"),
     (C.check_window_bug, (4, window_over), False, "over-corrected"),
@@ -134,6 +176,30 @@ CASES = [
     (C.check_tile_counts, (tiles_all_partial,), False, "every computed tile as partial"),
     (C.check_tile_counts, (tiles_wider,), False, "one key wider"),
     (C.check_tile_counts, (tiles_dense,), False, "build no (T, T) mask"),
+    (C.check_relative_bias, (bias_ok,), True, OK),
+    (C.check_relative_bias, (bias_where,), True, OK),
+    (C.check_relative_bias, (stub,), None, NA),
+    (C.check_relative_bias, (stub_raises,), None, NA),
+    (C.check_relative_bias, (bias_no_clamp,), False, "clamp the distance"),
+    (C.check_relative_bias, (bias_offset_too_big,), False, "although every distance fits"),
+    (C.check_relative_bias, (bias_offset_too_small,), False, "off by one"),
+    (C.check_relative_bias, (bias_no_offset,), False, "shift the clamped distance by R"),
+    (C.check_relative_bias, (bias_head0,), False, "its own row"),
+    (C.check_relative_bias, (bias_mirrored,), False, "mirrored"),
+    (C.check_relative_bias, (bias_subtracted,), False, "not subtracted"),
+    (C.check_relative_bias, (bias_alone,), False, "not the bias alone"),
+    (C.check_relative_bias, (bias_detached,), False, "no gradient"),
+    (C.check_relative_bias, (bias_python_min,), False, "Python value"),
+    (C.check_stale_prediction, ([0, 1, 2, 3, 6, 7],), True, OK),
+    (C.check_stale_prediction, ((7, 6, 3, 2, 1, 0),), True, OK),
+    (C.check_stale_prediction, (None,), None, NA),
+    (C.check_stale_prediction, ([6, 7],), False, "what the new mask allows"),
+    (C.check_stale_prediction, (list(range(8)),), False, "that is the old mask"),
+    (C.check_stale_prediction, ([6, 7, 8],), False, "keys 0-3: for query 7's block, that tile was FULL"),
+    (C.check_stale_prediction, ([0, 1, 2, 3, 4, 5, 6],), False, "keys 4-7: for query 7's block, that tile was PARTIAL"),
+    (C.check_stale_prediction, ([0, 1, 2, 3, 6, 7, 8, 9],), False, "that tile was EMPTY"),
+    (C.check_stale_prediction, ("0-3, 6, 7",), False, "list of key indices"),
+    (C.check_stale_prediction, ([0, 12],), False, "keys run from 0 to 11"),
 ]
 
 
@@ -166,7 +232,9 @@ def test_checkers_never_raise_on_odd_answers(capsys):
         for checker, args in ((nb11.check_chunked_causal, (answer,)),
                               (nb11.check_tile_counts, (answer,)),
                               (nb11.check_window_bug, (4, answer)),
-                              (nb11.check_window_bug, (answer, window_ok))):
+                              (nb11.check_window_bug, (answer, window_ok)),
+                              (nb11.check_relative_bias, (answer,)),
+                              (nb11.check_stale_prediction, (answer,))):
             result = checker(*args)
             out = capsys.readouterr().out
             assert result.passed in (None, False), (checker.__name__, answer, out)
@@ -233,3 +301,38 @@ def test_checkers_leave_the_global_random_state_alone(capsys):
     np.random.seed(7)  # noqa: NPY002
     assert torch.equal(after_torch, torch.rand(3))
     assert np.array_equal(after_np, np.random.random(3))  # noqa: NPY002
+
+
+def test_window_hints_never_name_the_answer(capsys):
+    for guess in (0, 1, 2, 3, 5, 6, 9):
+        nb11.check_window_bug(guess, window_ok)
+        out = capsys.readouterr().out
+        assert "4" not in out.replace("key q - window", ""), out
+
+
+def test_stale_prediction_matches_a_compiled_free_brute_force():
+    """Independent of effective_mask: rebuild the stale row from the old tiles by hand."""
+    old, new, q, bs = nb11.STALE_OLD_IDS, nb11.STALE_NEW_IDS, 7, 4
+
+    def allowed(ids, i, j):
+        return ids[i] == ids[j] and j <= i
+
+    keys = []
+    rows = range(q // bs * bs, q // bs * bs + bs)
+    for t in range(len(old) // bs):
+        cols = range(t * bs, (t + 1) * bs)
+        olds = [allowed(old, i, j) for i in rows for j in cols]
+        if all(olds):
+            keys += list(cols)
+        elif any(olds):
+            keys += [j for j in cols if allowed(new, q, j)]
+    assert keys == nb11.stale_keys() == [0, 1, 2, 3, 6, 7]
+
+
+def test_relative_bias_reference_against_a_loop():
+    table = torch.arange(14.0).reshape(2, 7)  # R = 3
+    got = nb11._reference_bias(table, 9)
+    for h in range(2):
+        for i in range(9):
+            for j in range(9):
+                assert got[h, i, j] == table[h, min(max(j - i, -3), 3) + 3]

@@ -37,7 +37,8 @@ The exercises, by notebook (the checker names say what they check):
 * 09: ``check_weight_name``, ``check_punctuation_score``, ``check_silenced_heads``.
 * 10: ``check_temperature_grad``, ``check_bias_grads``, ``check_fixed_backward``,
   ``check_attention_saved_bytes``, ``check_memory_crossover``.
-* 11: ``check_chunked_causal``, ``check_window_bug``, ``check_tile_counts``.
+* 11: ``check_chunked_causal``, ``check_window_bug``, ``check_tile_counts``,
+  ``check_relative_bias``, ``check_stale_prediction``.
 
 Notebooks 01-03 pass NumPy arrays to the learner's functions (03's module exercise passes a
 tensor); the others pass PyTorch tensors. Answers may be either (they are converted for comparison).

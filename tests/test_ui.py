@@ -268,9 +268,24 @@ STATE_JS = """
 const panel = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden)');
 if (!panel) { return null; }
 const cells = [...panel.querySelectorAll('.jp-Notebook .jp-CodeCell')];
+// A cell whose input is hidden (the collapsed setup cell) shows no editor and no prompt: read
+// its execution count from the notebook model instead ("[ ]:" until it has run).
+const widget = window.jupyterapp
+  ? Array.from(window.jupyterapp.shell.widgets('main')).find(w => w.node === panel) : null;
+const codeModels = widget && widget.content
+  ? widget.content.widgets.filter(w => w.model.type === 'code').map(w => w.model) : [];
 const prompts = cells
-  .filter(c => (c.querySelector('.jp-InputArea-editor')?.textContent || '').trim() !== '')
-  .map(c => (c.querySelector('.jp-InputPrompt')?.textContent || '').trim());
+  .map((c, i) => {
+    const editor = c.querySelector('.jp-InputArea-editor');
+    if (editor) {
+      const text = (editor.textContent || '').trim();
+      return text === '' ? null : (c.querySelector('.jp-InputPrompt')?.textContent || '').trim();
+    }
+    const model = codeModels[i];
+    if (!model || model.sharedModel.getSource().trim() === '') { return null; }
+    return model.executionCount ? `[${model.executionCount}]:` : '[ ]:';
+  })
+  .filter(p => p !== null);
 const indicator = panel.querySelector('.jp-Notebook-ExecutionIndicator');
 return {
   ncells: panel.querySelectorAll('.jp-Notebook .jp-Cell').length,

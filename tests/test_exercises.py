@@ -545,7 +545,7 @@ def empty_rows_p_to_the_i(T, p):
     return sum(p**i for i in range(T))
 
 
-MOVED_03 = [4, 5]  # outputs of the buggy code that move when the last of 6 tokens changes
+MOVED_03 = [0, 1, 2, 3, 4, 5]  # outputs of the buggy code that move when the last of 6 tokens changes
 
 
 def pairs_ok(T, window):  # query i sees min(i + 1, window) keys
@@ -568,11 +568,11 @@ def causal_sdpa_float32(Q, K, V):
     return torch.nn.functional.scaled_dot_product_attention(Qt, Kt, Vt, is_causal=True)
 
 
-def causal_leaky(Q, K, V):  # the buggy code shipped in notebook 03
+def causal_leaky(Q, K, V):  # the buggy code shipped in notebook 03: a column sum normalises
     T, d_k = Q.shape
-    scores = Q @ K.T / np.sqrt(d_k)
-    future = np.triu(np.ones((T, T), dtype=bool), k=2)
-    return np_softmax(np.where(future, -np.inf, scores)) @ V
+    scores = np.where(np.tril(np.ones((T, T), dtype=bool)), Q @ K.T / np.sqrt(d_k), -np.inf)
+    e = np.exp(scores - scores.max(axis=1, keepdims=True))
+    return e / e.sum(axis=0, keepdims=True) @ V
 
 
 def causal_after_softmax(Q, K, V):
@@ -767,6 +767,10 @@ CASES = [
     (C.check_window_pairs, (stub1,), None, NA),
     (C.check_window_pairs, (pairs_no_clamp,), False, "clamp the window to T"),
     (C.check_window_pairs, (lambda T, window: T * window,), False, "that is T * window"),
+    (C.check_stacked_reach, (lambda window, layers: layers * (window - 1),), True, OK),
+    (C.check_stacked_reach, (stub1,), None, NA),
+    (C.check_stacked_reach, (lambda window, layers: layers * window,), False, "counts w per layer"),
+    (C.check_stacked_reach, (lambda window, layers: window - 1,), False, "the reach of one layer"),
     (C.check_expected_empty_rows, (empty_rows_ok,), True, OK),
     (C.check_expected_empty_rows, (stub1,), None, NA),
     (C.check_expected_empty_rows, (empty_rows_no_mask,), False, "attention without a mask"),
@@ -775,7 +779,7 @@ CASES = [
     (C.check_causal_bug_fix, (MOVED_03, causal_sdpa_float32), True, OK),
     (C.check_causal_bug_fix, (MOVED_03, stub1), None, NA),
     (C.check_causal_bug_fix, (None, stub1), None, "moved_outputs is still None"),
-    (C.check_causal_bug_fix, ([5], causal_ok), False, "what correct causal attention does"),
+    (C.check_causal_bug_fix, ([5], causal_ok), False, "what a correct causal attention does"),
     (C.check_causal_bug_fix, (MOVED_03, causal_leaky), False, "still the original bug"),
     (C.check_causal_bug_fix, (MOVED_03, causal_after_softmax), False, "after softmax without renormalising"),
     (C.check_causal_bug_fix, (MOVED_03, causal_no_mask), False, "future leaked"),

@@ -155,6 +155,70 @@ def test_window_pairs_counts_the_module_mask():  # the reference against the not
         assert nb03._pairs(T, w) == int(Window(3, 2, T, w).mask.sum())
 
 
+# 3.1 (c) --------------------------------------------------------------------------------------
+def reach_measured(window, layers, T=12, d=3):  # stack the test's own Window module, move tokens
+    torch.manual_seed(window * 10 + layers)
+    stack = torch.nn.Sequential(*(Window(d, d, T, window) for _ in range(layers)))
+    x = torch.randn(1, T, d, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        base = stack(x)[0]
+        reach = 0
+        for j in range(T):
+            x_j = x.clone()
+            x_j[0, j] += 1.0
+            moved = (stack(x_j)[0] - base).abs().amax(dim=-1)
+            reach = max(reach, max(i - j for i in range(T) if moved[i] > 0))
+    return reach
+
+
+def reach_by_walking(window, layers):  # follow the band back one layer at a time
+    back = 0
+    for _ in range(layers):
+        back += window - 1
+    return back
+
+
+WRONG_REACH = [
+    (lambda w, L: L * w, "yours counts w per layer"),
+    (lambda w, L: w - 1, "that is the reach of one layer"),
+    (lambda w, L: (w - 1) ** L, "they do not multiply"),
+    (lambda w, L: w ** L, "they do not multiply"),
+    (lambda w, L: L * (w - 1) + 1, "itself included"),
+    (lambda w, L: 0 if w == 1 else L * (w - 1) + 2, "follow that dependence back"),
+    (lambda w, L: 1 if w == 1 else L * (w - 1), "with a window of one key"),
+    (lambda w, L: str(L * (w - 1)), "without quotes"),
+]
+
+
+@pytest.mark.parametrize("window,layers", [(3, 2), (2, 3), (4, 1), (1, 2)])
+def test_stacked_reach_reference_matches_a_measurement(window, layers):
+    assert nb03._reach(window, layers) == reach_measured(window, layers)
+
+
+def test_stacked_reach_accepts(capsys):
+    assert ex.check_stacked_reach(reach_by_walking).passed is True
+    assert capsys.readouterr().out.startswith("correct!")
+    assert ex.check_stacked_reach(stub).passed is None
+    assert capsys.readouterr().out.startswith("not attempted yet")
+
+
+@pytest.mark.parametrize("answer,hint", WRONG_REACH, ids=[h for _, h in WRONG_REACH])
+def test_stacked_reach_hints(capsys, answer, hint):
+    result = ex.check_stacked_reach(answer)
+    out = capsys.readouterr().out
+    assert result.passed is False and hint in out, out
+
+
+def test_stacked_reach_mistakes_are_told_apart_on_the_hidden_cases():
+    right = [reach_by_walking(w, L) for w, L in nb03._REACH_CASES]
+    columns = list(zip(*(nb03._reach_candidates(w, L) for w, L in nb03._REACH_CASES), strict=True))
+    values = [[v for _, v in column] for column in columns]
+    for a, va in enumerate(values):
+        assert va != right
+        for vb in values[a + 1:]:
+            assert va != vb
+
+
 # 3.2 ------------------------------------------------------------------------------------------
 def empty_rows_loop(T, p):
     return sum(p ** (i + 1) for i in range(T))  # query i sees i + 1 keys
@@ -230,18 +294,19 @@ def test_expected_empty_rows_matches_a_measurement():  # the formula against nn.
 # 3.3 ------------------------------------------------------------------------------------------
 def leaky_causal_attention(Q, K, V):  # the buggy code shown in notebook 03, typed again
     T, d_k = Q.shape
-    scores = Q @ K.T / np.sqrt(d_k)
-    future = np.triu(np.ones((T, T), dtype=bool), k=2)
-    return course_softmax(np.where(future, -np.inf, scores), axis=-1) @ V
+    allowed = np.tril(np.ones((T, T), dtype=bool))
+    scores = np.where(allowed, Q @ K.T / np.sqrt(d_k), -np.inf)
+    e = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    return (e / e.sum(axis=0, keepdims=True)) @ V  # a sum over the queries: the leak
 
 
 def outputs_moved_by_last_token(fn, T=6):  # measured, the way the notebook's section 7 does it
     rng = np.random.default_rng(7)
     Q, K, V = rng.normal(size=(T, 3)), rng.normal(size=(T, 3)), rng.normal(size=(T, 2))
-    K2, V2 = K.copy(), V.copy()
-    K2[-1] += 1.0
-    V2[-1] += 1.0
-    moved = np.abs(fn(Q, K2, V2) - fn(Q, K, V)).max(axis=-1)
+    Q2, K2, V2 = Q.copy(), K.copy(), V.copy()
+    for a in (Q2, K2, V2):
+        a[-1] += 1.0  # the whole last token changes: its query, key and value
+    moved = np.abs(fn(Q2, K2, V2) - fn(Q, K, V)).max(axis=-1)
     return [i for i in range(T) if moved[i] > 1e-9]
 
 
@@ -249,8 +314,16 @@ MOVED = outputs_moved_by_last_token(leaky_causal_attention)
 
 
 def test_the_prediction_is_what_the_buggy_code_does():
-    assert MOVED == [4, 5]
+    assert MOVED == [0, 1, 2, 3, 4, 5]
     assert outputs_moved_by_last_token(causal_hiding(lambda i, j: j > i)) == [5]
+
+
+def test_the_buggy_code_has_a_correct_mask_and_rows_that_do_not_sum_to_one():
+    rng = np.random.default_rng(4)
+    Q, K = rng.normal(size=(5, 3)), rng.normal(size=(5, 3))
+    weights = leaky_causal_attention(Q, K, np.eye(5))  # V = I: the output is the weights
+    assert np.array_equal(weights != 0, np.tril(np.ones((5, 5), dtype=bool)))  # mask looks right
+    assert np.allclose(weights.sum(axis=0), 1.0) and not np.allclose(weights.sum(axis=1), 1.0)
 
 
 def test_the_notebook_shows_the_bug_the_checker_knows():
@@ -264,6 +337,7 @@ def test_the_notebook_shows_the_bug_the_checker_knows():
     Q, K, V = rng.normal(size=(7, 3)), rng.normal(size=(7, 3)), rng.normal(size=(7, 2))
     assert np.allclose(scope["leaky_causal_attention"](Q, K, V),
                        nb03._leaky_causal_attention(Q, K, V))
+    assert np.allclose(scope["leaky_causal_attention"](Q, K, V), leaky_causal_attention(Q, K, V))
     assert outputs_moved_by_last_token(scope["leaky_causal_attention"]) == MOVED
 
 
@@ -294,8 +368,9 @@ def causal_triu(k):
 @pytest.mark.parametrize("answer,hint", [
     (causal_hiding(lambda i, j: j > i), "correct!"),
     (causal_triu(1), "correct!"),
-    (leaky_causal_attention, "still the original bug: np.triu(..., k=2)"),
-    (causal_triu(3), "k moved the wrong way"),
+    (leaky_causal_attention, "still the original bug"),
+    (causal_triu(2), "your mask hides j >= i + 2 only"),
+    (causal_triu(3), "your mask hides j >= i + 3 only"),
     (causal_hiding(lambda i, j: j < i), "your mask hides the past"),  # tril(k=-1) as the hidden set
     (causal_hiding(lambda i, j: j >= i), "np.triu(..., k=0) marks j >= i"),  # triu(k=0)
     (causal_hiding(lambda i, j: j >= i, softmax=np_softmax), "np.triu(..., k=0) marks j >= i"),
@@ -309,6 +384,8 @@ def causal_triu(k):
     (causal_hiding(lambda i, j: j >= i, softmax=np_softmax, scale=lambda Q, V: 1.0),
      "Query i must at least see itself (keep the diagonal)"),  # two mistakes: the NaN one is told
     (causal_changes_K, "changed K in place"),
+    (causal_hiding(lambda i, j: j > i, softmax=lambda x, axis: course_softmax(x, axis=0)),
+     "softmax over the wrong axis"),  # a proper column softmax: a different leak, its own hint
 ])
 def test_causal_bug_fix_hints(capsys, answer, hint):
     result = ex.check_causal_bug_fix(MOVED, answer)
@@ -318,29 +395,36 @@ def test_causal_bug_fix_hints(capsys, answer, hint):
 
 
 @pytest.mark.parametrize("prediction,hint", [
-    ([4, 5], "correct!"),
-    ((5, 4), "correct!"),
-    (np.array([4, 5]), "correct!"),
-    (torch.tensor([4, 5]), "correct!"),
-    ({4, 5}, "correct!"),
-    (outputs_moved_by_last_token(causal_hiding(lambda i, j: j > i)), "correct causal attention"),
-    ([4], "output 5 moves too"),
-    (5, "correct causal attention"),
-    (list(range(6)), "attention with no mask at all"),
-    ([3, 4, 5], "one future token, not two"),
-    ([5, 6], "indices are 0-based"),
-    ([0, 1], "they sit at the end"),
-    ([2, 5], "query i sees the keys j <= i + 1"),
+    ([0, 1, 2, 3, 4, 5], "correct!"),
+    ((5, 4, 3, 2, 1, 0), "correct!"),
+    (np.arange(6), "correct!"),
+    (torch.arange(6), "correct!"),
+    (set(range(6)), "correct!"),
+    (outputs_moved_by_last_token(causal_hiding(lambda i, j: j > i)), "what a correct causal"),
+    (5, "what a correct causal attention does"),
+    ([4, 5], "a mask one step off"),
+    ([0, 1, 2, 3, 4], "output 5 moves too"),
+    ([1, 2, 3, 4, 5, 6], "indices are 0-based"),
+    ([3, 4, 5], "trace each weight back"),
+    ([0, 1], "trace each weight back"),
     ([-1, 4, 5], "numbered 0 .. 5"),
-    ([False, False, False, False, True, True], "not one True/False per output"),
+    ([True] * 6, "not one True/False per output"),
     ([4.5, 5], "whole numbers"),
-    ("4, 5", "not the text"),
+    ("0, 1, 2, 3, 4, 5", "not the text"),
 ])
 def test_moved_outputs_prediction(capsys, prediction, hint):
     result = ex.check_causal_bug_fix(prediction, causal_triu(1))
     out = capsys.readouterr().out
     assert hint in out, out
     assert result.passed is (hint == "correct!")
+
+
+def test_no_prediction_hint_gives_the_answer_away(capsys):
+    for wrong in ([5], [4, 5], [0, 1, 2, 3, 4], [3, 4, 5], [0, 1]):
+        ex.check_causal_bug_fix(wrong, causal_triu(1))
+        hint = capsys.readouterr().out.split(":", 2)[-1]  # after "moved_outputs = [...]:"
+        assert "0 .. 5" not in hint.replace("numbered 0 .. 5", "") and "every output" not in hint
+        assert "all six" not in hint and "[0, 1, 2, 3, 4, 5]" not in hint, hint
 
 
 def test_causal_bug_fix_called_the_old_way(capsys):  # only the function: the order is named

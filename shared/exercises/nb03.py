@@ -31,6 +31,7 @@ from .nb01 import _numbers, _row_order_hint, _scalar
 __all__ = [
     "check_sliding_window_attention",
     "check_window_pairs",
+    "check_stacked_reach",
     "check_expected_empty_rows",
     "check_causal_bug_fix",
 ]
@@ -274,6 +275,60 @@ def check_window_pairs(allowed_pairs):
 
 
 # --------------------------------------------------------------------------------------------
+# 3.1 (c) How far back can a stack of sliding-window layers reach?
+_REACH_CASES = ((3, 2), (4, 2), (1, 3), (5, 1), (2, 4), (4096, 2))  # (window, layers)
+
+
+def _reach(window: int, layers: int) -> int:
+    """The largest i - j for which token j can move output i: each layer adds window - 1."""
+    return layers * (window - 1)
+
+
+def _reach_candidates(w: int, L: int) -> list[tuple[str, float]]:
+    """(hint, value) for the typical wrong derivations; the right one is L (w - 1)."""
+    return [
+        ("off by one: a window of w keys reaches w - 1 tokens back, since one of its keys is "
+         "the token itself; yours counts w per layer", float(L * w)),
+        ("that is the reach of one layer; the second layer attends over outputs of the first, "
+         "and each of those already reaches back: follow the dependence through every layer",
+         float(w - 1)),
+        ("reaches add up from layer to layer, they do not multiply", float((w - 1) ** L)),
+        ("reaches add up from layer to layer, they do not multiply", float(w ** L)),
+        ("that counts the tokens output i can depend on, itself included; the task asks how "
+         "far back: the largest i - j", float(L * (w - 1) + 1)),
+    ]
+
+
+@_checker
+def check_stacked_reach(stacked_reach):
+    """Exercise 3.1 (c): ``stacked_reach(window, layers)`` -> the largest ``i - j`` such that
+    changing token j moves output i of ``layers`` stacked sliding-window layers:
+    ``layers * (window - 1)``."""
+    got, want = [], []
+    for w, L in _REACH_CASES:
+        got.append(_scalar(_call(stacked_reach, w, L, name="stacked_reach",
+                                 on_error=f"called with window = {w}, layers = {L}"),
+                           f"stacked_reach({w}, {L})"))
+        want.append(float(_reach(w, L)))
+    got_a, want_a = np.array(got), np.array(want)
+    if np.array_equal(got_a, want_a):
+        return ("each layer adds window - 1 tokens of reach: Mistral's 32 layers of window "
+                "4096 see about 131K tokens back, though each layer's mask is only 4096 wide.")
+    columns = list(zip(*(_reach_candidates(w, L) for w, L in _REACH_CASES), strict=True))
+    for column in columns:
+        if np.array_equal(got_a, np.array([v for _, v in column])):
+            raise _Wrong(column[0][0])
+    k = int(np.argmax(got_a != want_a))
+    w, L = _REACH_CASES[k]
+    if w == 1:
+        raise _Wrong(f"for window = 1, layers = {L} you return {got_a[k]:g}: with a window of "
+                     "one key every layer's output i depends on token i alone")
+    raise _Wrong(f"for window = {w}, layers = {L} you return {got_a[k]:g}: one layer lets "
+                 "output i depend on the tokens its window covers; follow that dependence back "
+                 "through the layers one at a time")
+
+
+# --------------------------------------------------------------------------------------------
 # 3.2 Predict, then measure: how many queries does attention dropout leave with nothing?
 # --------------------------------------------------------------------------------------------
 _EMPTY_CASES = ((6, 0.5), (10, 0.1), (3, 0.8), (1, 0.3), (8, 0.6))  # (T, p)
@@ -345,12 +400,14 @@ def check_expected_empty_rows(expected_empty_rows):
 # 3.3 The leaky causal attention: predict what it leaks, then fix it
 # --------------------------------------------------------------------------------------------
 def _leaky_causal_attention(Q, K, V):
-    """The buggy implementation shown in notebook 03: ``np.triu(..., k=2)`` hides j >= i + 2
-    only, so query i still sees the next token i + 1."""
+    """The buggy implementation shown in notebook 03: the mask is right, but the hand-written
+    softmax divides by a column sum (``axis=0``), a sum over the queries, so query i's weights
+    depend on every later query."""
     T, d_k = Q.shape
     scores = Q @ K.T / np.sqrt(d_k)
-    future = np.triu(np.ones((T, T), dtype=bool), k=2)
-    return _softmax(np.where(future, -np.inf, scores)) @ V
+    scores = np.where(np.tril(np.ones((T, T), dtype=bool)), scores, -np.inf)
+    e = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    return (e / e.sum(axis=0, keepdims=True)) @ V
 
 
 _LEAK_T = 6  # the prediction: which outputs of the buggy code move when token T - 1 changes
@@ -383,29 +440,27 @@ def _check_moved_prediction(moved_outputs) -> None:
         raise _NotAttempted("moved_outputs is still None: first predict which outputs of "
                             "leaky_causal_attention move when only the last token changes")
     got = _moved_prediction(moved_outputs)
-    right = {T - 2, T - 1}
-    if got == right:
+    if got == set(range(T)):
         return
-    if got == {T - 1, T}:
+    if got == set(range(1, T + 1)):
         raise _Wrong(f"indices are 0-based: the {T} outputs are 0 .. {T - 1}")
     for hint, value in (
-        (f"that is what correct causal attention does; this mask hides j >= i + 2 only "
-         f"(np.triu(..., k=2)), so query {T - 2} may still see key {T - 1}", {T - 1}),
-        (f"output {T - 1} moves too: query {T - 1} sees key {T - 1}, itself", {T - 2}),
-        ("that would be attention with no mask at all; this mask still hides keys j >= i + 2, "
-         f"so queries 0 .. {T - 3} never see key {T - 1}", set(range(T))),
-        ("np.triu(..., k=2) starts two places above the diagonal: it hides j >= i + 2, so "
-         f"query i sees keys up to i + 1 (one future token, not two): only queries {T - 2} and "
-         f"{T - 1} see key {T - 1}", {T - 3, T - 2, T - 1}),
-        (f"the question is about the last token (position {T - 1}); changing it moves the "
-         "outputs whose queries may see it, and they sit at the end, not the start", {0, 1}),
+        (f"that is what a correct causal attention does, and this code's mask is correct; so "
+         f"something after the mask carries token {T - 1} into other outputs: for each "
+         "weight, list the scores that enter its denominator", {T - 1}),
+        ("that would be a mask one step off (np.triu(..., k=2)); this mask, np.tril, is "
+         "right: look for the leak after the mask, in how the weights are normalised",
+         {T - 2, T - 1}),
+        (f"output {T - 1} moves too: the query, key and value of token {T - 1} all changed",
+         set(range(T - 1))),
     ):
         if got == value:
             raise _Wrong(f"moved_outputs = {sorted(got)}: {hint}")
     if not got <= set(range(T)):
         raise _Wrong(f"moved_outputs = {sorted(got)}: the outputs are numbered 0 .. {T - 1}")
-    raise _Wrong(f"moved_outputs = {sorted(got)}: output i moves when query i may see key "
-                 f"{T - 1}; with this mask query i sees the keys j <= i + 1")
+    raise _Wrong(f"moved_outputs = {sorted(got)}: output i moves when anything it is computed "
+                 f"from depends on token {T - 1}; trace each weight back to the scores in its "
+                 "numerator and denominator, then measure it the way section 7 does")
 
 
 def _causal_reference(Q, K, V, scale=True, after=False, axis=-1, mult=False, allowed=None,
@@ -426,7 +481,8 @@ def _causal_reference(Q, K, V, scale=True, after=False, axis=-1, mult=False, all
 @_checker
 def check_causal_bug_fix(moved_outputs, causal_attention=None):
     """Exercise 3.3: ``moved_outputs``, the 0-based indices of the outputs of the buggy
-    ``leaky_causal_attention`` that change when only the last of 6 tokens changes (predicted);
+    ``leaky_causal_attention`` that change when only the last of 6 tokens (its query, key and
+    value) changes (predicted);
     ``causal_attention(Q, K, V)`` -> ``(T, d_v)`` outputs where query i uses keys j <= i only.
     Q, K: NumPy ``(T, d_k)``; V: ``(T, d_v)``; Q, K and V are left unchanged."""
     if causal_attention is None and callable(moved_outputs):
@@ -454,12 +510,15 @@ def check_causal_bug_fix(moved_outputs, causal_attention=None):
         _row_order_hint(got, ref)
         i, j = np.arange(T)[:, None], np.arange(T)[None, :]
         _diagnose(_nan_as_zero(got), [
-            ("still the original bug: np.triu(..., k=2) starts two places above the diagonal, "
-             "so it hides j >= i + 2 only and each query still sees the NEXT token i + 1; the "
-             "future is j > i: np.triu(..., k=1)", _leaky_causal_attention(Q, K, V)),
-            ("k moved the wrong way: np.triu(..., k=3) hides j >= i + 3 only, so each query "
-             "sees two future tokens; the future starts one place above the diagonal: "
-             "np.triu(..., k=1)", _causal_reference(Q, K, V, allowed=j <= i + 2)),
+            ("still the original bug: the output equals leaky_causal_attention's. Print the "
+             "weights of a small input and what each row sums to: every query's weights must "
+             "sum to 1 over its own keys", _leaky_causal_attention(Q, K, V)),
+            ("your mask hides j >= i + 2 only (np.triu(..., k=2) starts two places above the "
+             "diagonal), so each query sees the next token i + 1; the future is j > i: "
+             "np.triu(..., k=1)", _causal_reference(Q, K, V, allowed=j <= i + 1)),
+            ("your mask hides j >= i + 3 only (np.triu(..., k=3)), so each query sees two "
+             "future tokens; the future starts one place above the diagonal: np.triu(..., k=1)",
+             _causal_reference(Q, K, V, allowed=j <= i + 2)),
             ("your mask hides the past (np.tril(..., k=-1) marks j < i) and keeps the future: "
              "each token sees itself and what comes AFTER it; the future is j > i: "
              "np.triu(..., k=1)", _causal_reference(Q, K, V, allowed=j >= i)),
@@ -488,17 +547,18 @@ def check_causal_bug_fix(moved_outputs, causal_attention=None):
             raise _Wrong(f"the output of token(s) {rows} is nan: a row whose scores are all "
                          "-inf gives 0/0 in the softmax. Query i must at least see itself "
                          "(keep the diagonal): hide only j > i")
-        K2, V2 = K.copy(), V.copy()
-        K2[-1] += 5.0
-        V2[-1] += 5.0
-        got2 = _numbers(_call(causal_attention, Q.copy(), K2, V2, name="causal_attention",
+        Q2, K2, V2 = Q.copy(), K.copy(), V.copy()
+        for a in (Q2, K2, V2):
+            a[-1] += 5.0  # change the last token only: its query, key and value
+        got2 = _numbers(_call(causal_attention, Q2, K2, V2, name="causal_attention",
                               on_error=shapes),
                         "the output")
         leaked = [i for i in range(T - 1) if not np.allclose(got[i], got2[i])] if got2.shape == \
             got.shape else []
         if leaked:
             raise _Wrong(f"future leaked: the output of token {leaked[0]} changed when only the "
-                         f"last token (position {T - 1}) changed; keys j > i must get weight 0")
+                         f"last token (position {T - 1}) changed; output i must not depend on any "
+                         "later token, neither on its key nor on its query")
         raise _Wrong(f"the output differs from causal attention by up to {_maxdiff(got, ref)}")
-    return ("no token sees the future any more: np.triu(..., k=1) starts the future one place "
-            "above the diagonal.")
+    return ("no token sees the future any more: each query's weights are normalised over its "
+            "own keys (axis=-1), so no later query enters its denominator.")

@@ -365,6 +365,44 @@ def head_as_float(sram_kib, dtype):
     return head_ok(sram_kib, dtype) + 0.5
 
 
+# 5.5 ------------------------------------------------------------------------------------------
+def tiled_ok(B, H, head_dim, block_size, dtype):
+    tile, matrices, columns = block_size**2, 2 * block_size * head_dim, 2 * block_size
+    return B * H * (tile + matrices + columns) * dtype.itemsize
+
+
+def tiled_no_tile(B, H, head_dim, block_size, dtype):
+    return B * H * (2 * block_size * head_dim + 2 * block_size) * dtype.itemsize
+
+
+def tiled_one_matrix(B, H, head_dim, block_size, dtype):
+    return B * H * (block_size**2 + block_size * head_dim + 2 * block_size) * dtype.itemsize
+
+
+def tiled_no_columns(B, H, head_dim, block_size, dtype):
+    return B * H * (block_size**2 + 2 * block_size * head_dim) * dtype.itemsize
+
+
+def tiled_no_batch_heads(B, H, head_dim, block_size, dtype):
+    return tiled_ok(1, 1, head_dim, block_size, dtype)
+
+
+def tiled_elements(B, H, head_dim, block_size, dtype):
+    return tiled_ok(B, H, head_dim, block_size, dtype) // dtype.itemsize
+
+
+def tiled_four_bytes(B, H, head_dim, block_size, dtype):
+    return tiled_ok(B, H, head_dim, block_size, torch.float32)
+
+
+def tiled_mib(B, H, head_dim, block_size, dtype):
+    return tiled_ok(B, H, head_dim, block_size, dtype) / 2**20
+
+
+def tiled_square_of_d(B, H, head_dim, block_size, dtype):  # a d x d tile: a mistake with no hint
+    return B * H * (head_dim**2 + 2 * block_size * head_dim + 2 * block_size) * dtype.itemsize
+
+
 NA, OK = "not attempted yet", "correct!"
 C = ex
 CASES = [
@@ -436,6 +474,17 @@ CASES = [
     (C.check_largest_head_dim, head_one_lower, False, "still fits"),
     (C.check_largest_head_dim, head_sqrt, False, "more than M = 116,224"),
     (C.check_largest_head_dim, head_as_float, False, "whole number"),
+    # 5.5
+    (C.check_tiled_extra_bytes, tiled_ok, True, "nothing in it grows with T"),
+    (C.check_tiled_extra_bytes, stub, None, NA),
+    (C.check_tiled_extra_bytes, tiled_no_tile, False, "left out the tile of scores"),
+    (C.check_tiled_extra_bytes, tiled_one_matrix, False, "two block x head_dim matrices"),
+    (C.check_tiled_extra_bytes, tiled_no_columns, False, "two columns of length block"),
+    (C.check_tiled_extra_bytes, tiled_no_batch_heads, False, "multiply by B * H"),
+    (C.check_tiled_extra_bytes, tiled_elements, False, "you counted elements"),
+    (C.check_tiled_extra_bytes, tiled_four_bytes, False, "you used 4 for every dtype"),
+    (C.check_tiled_extra_bytes, tiled_mib, False, "not MiB"),
+    (C.check_tiled_extra_bytes, tiled_square_of_d, False, "expected 399,360 bytes"),
 ]
 
 
@@ -540,3 +589,15 @@ def test_flash_block_sizes_by_hand():
     assert blocks_ok(164, 128, torch.bfloat16) == (128, 164)
     assert blocks_ok(100, 80, torch.float16) == (80, 160)  # 51,200 / 320 = 160 exactly
     assert blocks_ok(48, 96, torch.float32) == (32, 32)  # 12,288 / 384 = 32
+
+
+def test_tiled_extra_bytes_by_hand_and_by_measurement():
+    """B=1, H=8, d=64, block 128, float32: 8 * (128^2 + 2*128*64 + 2*128) * 4 = 1,056,768 bytes.
+    PyTorch's allocations, measured, are within 5 % of it (a few temporary columns more)."""
+    from shared.benchmark import peak_memory
+    from shared.flash import tiled_attention
+
+    assert tiled_ok(1, 8, 64, 128, torch.float32) == 1_056_768
+    Q, K, V = (torch.randn(1, 8, 512, 64) for _ in range(3))
+    extra = peak_memory(lambda: tiled_attention(Q, K, V, block_size=128), "cpu") - 8 * 512 * 64 * 4
+    assert 1.0 <= extra / 1_056_768 < 1.05

@@ -4,7 +4,8 @@
 5.2 merge two partial online-softmax states (split-K, as Flash-Decoding does); 5.3 the fraction of
 a GPU's memory that naive attention's saved probabilities take (two ``T x T`` tensors per layer, as
 section 4 measures; units: bytes per element of the dtype, GiB, fraction); 5.4 FlashAttention's
-block sizes from an SRAM budget, and the largest head size whose tiles, score tile included, fit.
+block sizes from an SRAM budget, and the largest head size whose tiles, score tile included, fit;
+5.5 the tiled version's extra memory predicted from its description (then measured in the notebook).
 
 References are computed before the learner's code runs; answers computed in float32 are accepted
 (float32 tolerances); numbers must be numbers (text that reads as one is rejected).
@@ -36,6 +37,7 @@ __all__ = [
     "check_saved_probs_fraction",
     "check_flash_block_sizes",
     "check_largest_head_dim",
+    "check_tiled_extra_bytes",
 ]
 
 ATOL, RTOL = 1e-5, 1e-4  # float32's tolerances: a float32 answer to a float64 question passes
@@ -497,3 +499,64 @@ def check_largest_head_dim(largest_head_dim):
         raise _Wrong(f"for {kib} KiB of {dtype}, d = {g + 1} still fits "
                      f"({_tile_elements(M, g + 1):,} of M = {M:,} elements): return the largest")
     raise _Wrong("unexpected answer")  # unreachable: got != refs means one case differs
+
+
+# --------------------------------------------------------------------------------------------
+# 5.5 Predict the tiled version's extra memory from its description (then measure it)
+# --------------------------------------------------------------------------------------------
+_TILED_CASES = (  # (B, H, head_dim, block_size, dtype): block != head_dim, B != H, both > 1
+    (2, 3, 32, 64, torch.float64),
+    (1, 8, 64, 128, torch.float32),
+    (3, 2, 48, 96, torch.float32),
+    (4, 5, 80, 16, torch.float64),
+)
+
+
+@_checker
+def check_tiled_extra_bytes(tiled_extra_bytes):
+    """``tiled_extra_bytes(B, H, head_dim, block_size, dtype)`` -> the bytes ``tiled_attention``
+    holds beyond its output, from its description in section 6: per (sequence, head) one
+    ``block x block`` tile of scores, two ``block x head_dim`` matrices and two columns of
+    ``block`` (``m`` and ``l``), all of ``dtype`` (float32 or float64 here)."""
+    got, parts = [], []
+    for B, H, d, b, dtype in _TILED_CASES:
+        ans = _call(tiled_extra_bytes, B, H, d, b, dtype, name="tiled_extra_bytes",
+                    on_error=f"called with B={B}, H={H}, head_dim={d}, block_size={b}, "
+                             f"dtype={dtype}")
+        got.append(_number(ans, "the bytes"))
+        parts.append((B, H, d, b, _dtype_bytes(dtype)))
+
+    def ref(B, H, d, b, e):
+        return B * H * (b * b + 2 * b * d + 2 * b) * e
+
+    refs = [ref(*p) for p in parts]
+    if all(math.isclose(g, r, rel_tol=1e-6) for g, r in zip(got, refs, strict=True)):
+        return ("nothing in it grows with T: that is why the tiled version's peak follows the "
+                "output. Now measure it: peak_memory adds a few temporary columns on top.")
+    patterns = (
+        ("you left out the tile of scores: block x block per (sequence, head)",
+         lambda B, H, d, b, e: B * H * (2 * b * d + 2 * b) * e),
+        ("two block x head_dim matrices: the scaled query block and the accumulator a",
+         lambda B, H, d, b, e: B * H * (b * b + b * d + 2 * b) * e),
+        ("two columns of length block as well: the running max m and the running sum l",
+         lambda B, H, d, b, e: B * H * (b * b + 2 * b * d) * e),
+        ("every (sequence, head) pair has its own tile, matrices and columns: multiply by B * H",
+         lambda B, H, d, b, e: (b * b + 2 * b * d + 2 * b) * e),
+        ("every head has its own tile, matrices and columns: multiply by H",
+         lambda B, H, d, b, e: B * (b * b + 2 * b * d + 2 * b) * e),
+        ("you counted elements: multiply by the bytes per element of the dtype",
+         lambda B, H, d, b, e: ref(B, H, d, b, e) / e),
+        ("the bytes per element depend on the dtype (float32: 4, float64: 8): you used 4 for "
+         "every dtype", lambda B, H, d, b, e: ref(B, H, d, b, 4)),
+        ("return bytes, not MiB", lambda B, H, d, b, e: ref(B, H, d, b, e) / 2**20),
+        ("you counted bits: one byte is 8 bits", lambda B, H, d, b, e: 8 * ref(B, H, d, b, e)),
+    )
+    for hint, pattern in patterns:
+        expected = [pattern(*p) for p in parts]
+        if all(math.isclose(g, x, rel_tol=1e-6) for g, x in zip(got, expected, strict=True)):
+            raise _Wrong(hint)
+    i = next(i for i, (g, r) in enumerate(zip(got, refs, strict=True))
+             if not math.isclose(g, r, rel_tol=1e-6))
+    B, H, d, b, dtype = _TILED_CASES[i]
+    raise _Wrong(f"for B={B}, H={H}, head_dim={d}, block_size={b}, {dtype}: expected "
+                 f"{refs[i]:,.0f} bytes; got {got[i]:,.6g}")

@@ -215,7 +215,15 @@ def merge_one_max(m1, l1, acc1, m2, l2, acc2):
 
 # 5.3 ------------------------------------------------------------------------------------------
 def saved_ok(B, H, T, n_layers, dtype, gpu_gib):
-    return B * H * T * T * n_layers * dtype.itemsize / (gpu_gib * 1024**3)
+    return 2 * B * H * T * T * n_layers * dtype.itemsize / (gpu_gib * 1024**3)
+
+
+def saved_one_tensor(B, H, T, n_layers, dtype, gpu_gib):  # the textbook count: P only
+    return saved_ok(B, H, T, n_layers, dtype, gpu_gib) / 2
+
+
+def saved_forward_peak(B, H, T, n_layers, dtype, gpu_gib):  # the three buffers of the forward peak
+    return 1.5 * saved_ok(B, H, T, n_layers, dtype, gpu_gib)
 
 
 def saved_percent(B, H, T, n_layers, dtype, gpu_gib):
@@ -223,15 +231,15 @@ def saved_percent(B, H, T, n_layers, dtype, gpu_gib):
 
 
 def saved_four_bytes(B, H, T, n_layers, dtype, gpu_gib):
-    return B * H * T * T * n_layers * 4 / (gpu_gib * 1024**3)
+    return 2 * B * H * T * T * n_layers * 4 / (gpu_gib * 1024**3)
 
 
 def saved_gb(B, H, T, n_layers, dtype, gpu_gib):
-    return B * H * T * T * n_layers * dtype.itemsize / (gpu_gib * 1e9)
+    return 2 * B * H * T * T * n_layers * dtype.itemsize / (gpu_gib * 1e9)
 
 
 def saved_mib(B, H, T, n_layers, dtype, gpu_gib):
-    return B * H * T * T * n_layers * dtype.itemsize / (gpu_gib * 2**20)
+    return 2 * B * H * T * T * n_layers * dtype.itemsize / (gpu_gib * 2**20)
 
 
 def saved_one_layer(B, H, T, n_layers, dtype, gpu_gib):
@@ -243,7 +251,7 @@ def saved_no_heads(B, H, T, n_layers, dtype, gpu_gib):
 
 
 def saved_linear_in_T(B, H, T, n_layers, dtype, gpu_gib):
-    return B * H * T * n_layers * dtype.itemsize / (gpu_gib * 1024**3)
+    return 2 * B * H * T * n_layers * dtype.itemsize / (gpu_gib * 1024**3)
 
 
 def saved_crashes(B, H, T, n_layers, dtype, gpu_gib):
@@ -298,6 +306,103 @@ def blocks_from_batch_heads(sram_kib, head_dim, dtype):  # the old exercise's id
     return 64, 64
 
 
+# 5.4 (b) --------------------------------------------------------------------------------------
+def _fits(M, d, score_tile=True):
+    B_c = math.ceil(M / (4 * d))
+    B_r = min(B_c, d)
+    return 2 * B_r * d + 2 * B_c * d + (B_r * B_c if score_tile else 0) <= M
+
+
+def head_ok(sram_kib, dtype):
+    M = sram_kib * 1024 // dtype.itemsize
+    d = 1
+    while _fits(M, d + 1):
+        d += 1
+    return d
+
+
+def head_no_score_tile(sram_kib, dtype):
+    M = sram_kib * 1024 // dtype.itemsize
+    d = 1
+    while _fits(M, d + 1, score_tile=False):
+        d += 1
+    return d
+
+
+def head_bytes(sram_kib, dtype):
+    M = sram_kib * 1024
+    d = 1
+    while _fits(M, d + 1):
+        d += 1
+    return d
+
+
+def head_four_bytes(sram_kib, dtype):
+    return head_ok(sram_kib, torch.float32)
+
+
+def head_kilo(sram_kib, dtype):
+    M = sram_kib * 1000 // dtype.itemsize
+    d = 1
+    while _fits(M, d + 1):
+        d += 1
+    return d
+
+
+def head_first_overflow(sram_kib, dtype):
+    return head_ok(sram_kib, dtype) + 1
+
+
+def head_one_lower(sram_kib, dtype):
+    return head_ok(sram_kib, dtype) - 1
+
+
+def head_sqrt(sram_kib, dtype):  # a closed form that ignores the rounding of B_c
+    return math.isqrt(sram_kib * 1024 // dtype.itemsize // 8)
+
+
+def head_as_float(sram_kib, dtype):
+    return head_ok(sram_kib, dtype) + 0.5
+
+
+# 5.5 ------------------------------------------------------------------------------------------
+def tiled_ok(B, H, head_dim, block_size, dtype):
+    tile, matrices, columns = block_size**2, 2 * block_size * head_dim, 2 * block_size
+    return B * H * (tile + matrices + columns) * dtype.itemsize
+
+
+def tiled_no_tile(B, H, head_dim, block_size, dtype):
+    return B * H * (2 * block_size * head_dim + 2 * block_size) * dtype.itemsize
+
+
+def tiled_one_matrix(B, H, head_dim, block_size, dtype):
+    return B * H * (block_size**2 + block_size * head_dim + 2 * block_size) * dtype.itemsize
+
+
+def tiled_no_columns(B, H, head_dim, block_size, dtype):
+    return B * H * (block_size**2 + 2 * block_size * head_dim) * dtype.itemsize
+
+
+def tiled_no_batch_heads(B, H, head_dim, block_size, dtype):
+    return tiled_ok(1, 1, head_dim, block_size, dtype)
+
+
+def tiled_elements(B, H, head_dim, block_size, dtype):
+    return tiled_ok(B, H, head_dim, block_size, dtype) // dtype.itemsize
+
+
+def tiled_four_bytes(B, H, head_dim, block_size, dtype):
+    return tiled_ok(B, H, head_dim, block_size, torch.float32)
+
+
+def tiled_mib(B, H, head_dim, block_size, dtype):
+    return tiled_ok(B, H, head_dim, block_size, dtype) / 2**20
+
+
+def tiled_square_of_d(B, H, head_dim, block_size, dtype):  # a d x d tile: a mistake with no hint
+    return B * H * (head_dim**2 + 2 * block_size * head_dim + 2 * block_size) * dtype.itemsize
+
+
 NA, OK = "not attempted yet", "correct!"
 C = ex
 CASES = [
@@ -336,6 +441,8 @@ CASES = [
     # 5.3
     (C.check_saved_probs_fraction, saved_ok, True, "recomputes them"),
     (C.check_saved_probs_fraction, stub, None, NA),
+    (C.check_saved_probs_fraction, saved_one_tensor, False, "you counted one T x T tensor"),
+    (C.check_saved_probs_fraction, saved_forward_peak, False, "forward peak"),
     (C.check_saved_probs_fraction, saved_percent, False, "not a percent"),
     (C.check_saved_probs_fraction, saved_four_bytes, False, "you used 4 for every dtype"),
     (C.check_saved_probs_fraction, saved_gb, False, "you used GB"),
@@ -356,6 +463,28 @@ CASES = [
     (C.check_flash_block_sizes, blocks_swapped, False, "the query block first"),
     (C.check_flash_block_sizes, blocks_one_d, False, "four blocks share the SRAM"),
     (C.check_flash_block_sizes, blocks_from_batch_heads, False, "expected (B_r, B_c)"),
+    # 5.4 (b)
+    (C.check_largest_head_dim, head_ok, True, "d = 103"),
+    (C.check_largest_head_dim, stub, None, NA),
+    (C.check_largest_head_dim, head_no_score_tile, False, "score tile S_ij"),
+    (C.check_largest_head_dim, head_bytes, False, "not bytes"),
+    (C.check_largest_head_dim, head_four_bytes, False, "you used 4 for every dtype"),
+    (C.check_largest_head_dim, head_kilo, False, "1024 bytes, not 1000"),
+    (C.check_largest_head_dim, head_first_overflow, False, "first that overflows"),
+    (C.check_largest_head_dim, head_one_lower, False, "still fits"),
+    (C.check_largest_head_dim, head_sqrt, False, "more than M = 116,224"),
+    (C.check_largest_head_dim, head_as_float, False, "whole number"),
+    # 5.5
+    (C.check_tiled_extra_bytes, tiled_ok, True, "nothing in it grows with T"),
+    (C.check_tiled_extra_bytes, stub, None, NA),
+    (C.check_tiled_extra_bytes, tiled_no_tile, False, "left out the tile of scores"),
+    (C.check_tiled_extra_bytes, tiled_one_matrix, False, "two block x head_dim matrices"),
+    (C.check_tiled_extra_bytes, tiled_no_columns, False, "two columns of length block"),
+    (C.check_tiled_extra_bytes, tiled_no_batch_heads, False, "multiply by B * H"),
+    (C.check_tiled_extra_bytes, tiled_elements, False, "you counted elements"),
+    (C.check_tiled_extra_bytes, tiled_four_bytes, False, "you used 4 for every dtype"),
+    (C.check_tiled_extra_bytes, tiled_mib, False, "not MiB"),
+    (C.check_tiled_extra_bytes, tiled_square_of_d, False, "expected 399,360 bytes"),
 ]
 
 
@@ -418,9 +547,40 @@ def test_hidden_merge_cases_make_the_mistakes_differ():
 
 
 def test_saved_fraction_reference_by_hand():
-    """GPT-2 small-like: B=2, H=12, T=1024, 6 layers, float16 -> 2*12*1024^2*6*2 bytes = 288 MiB,
-    of 16 GiB = 288 / 16384."""
-    assert saved_ok(2, 12, 1024, 6, torch.float16, 16) == pytest.approx(288 / 16384)
+    """GPT-2 small-like: B=2, H=12, T=1024, 6 layers, float16, two saved T x T tensors per layer
+    -> 2*2*12*1024^2*6*2 bytes = 576 MiB, of 16 GiB = 576 / 16384."""
+    assert saved_ok(2, 12, 1024, 6, torch.float16, 16) == pytest.approx(576 / 16384)
+
+
+def test_naive_attention_saves_two_square_tensors():
+    """By reading shared.modules: softmax's backward needs its output P and the product with V
+    needs the cleaned copy nan_to_num(P): two distinct T x T storages. Counted here by walking
+    PyTorch's autograd graph, not with the checker's saved-tensor hooks."""
+    from shared.modules import naive_attention
+
+    Q, K, V = (torch.randn(1, 2, 5, 3, requires_grad=True) for _ in range(3))
+    out, _ = naive_attention(Q, K, V)
+    square, seen, stack = set(), set(), [out.grad_fn]
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        for attr in dir(fn):
+            if attr.startswith("_saved_"):
+                t = getattr(fn, attr)
+                if isinstance(t, torch.Tensor) and tuple(t.shape[-2:]) == (5, 5):
+                    square.add(t.untyped_storage().data_ptr())
+        stack.extend(f for f, _ in fn.next_functions)
+    assert len(square) == nb05._saved_square_tensors() == 2
+
+
+def test_largest_head_dim_by_hand():
+    """A100, 164 KiB, float16: M = 83,968. d = 102: B_c = ceil(83968 / 408) = 206, B_r = 102,
+    2*102*102 + 2*206*102 + 102*206 = 83,844 <= M; d = 103: B_c = 204, 21,218 + 42,024 + 21,012
+    = 84,254 > M. d = 128 (B_c = 164): 32,768 + 41,984 + 20,992 = 95,744 > M."""
+    assert head_ok(164, torch.float16) == 102
+    assert not _fits(83968, 128) and _fits(83968, 128, score_tile=False)
 
 
 def test_flash_block_sizes_by_hand():
@@ -429,3 +589,15 @@ def test_flash_block_sizes_by_hand():
     assert blocks_ok(164, 128, torch.bfloat16) == (128, 164)
     assert blocks_ok(100, 80, torch.float16) == (80, 160)  # 51,200 / 320 = 160 exactly
     assert blocks_ok(48, 96, torch.float32) == (32, 32)  # 12,288 / 384 = 32
+
+
+def test_tiled_extra_bytes_by_hand_and_by_measurement():
+    """B=1, H=8, d=64, block 128, float32: 8 * (128^2 + 2*128*64 + 2*128) * 4 = 1,056,768 bytes.
+    PyTorch's allocations, measured, are within 5 % of it (a few temporary columns more)."""
+    from shared.benchmark import peak_memory
+    from shared.flash import tiled_attention
+
+    assert tiled_ok(1, 8, 64, 128, torch.float32) == 1_056_768
+    Q, K, V = (torch.randn(1, 8, 512, 64) for _ in range(3))
+    extra = peak_memory(lambda: tiled_attention(Q, K, V, block_size=128), "cpu") - 8 * 512 * 64 * 4
+    assert 1.0 <= extra / 1_056_768 < 1.05

@@ -2,8 +2,10 @@
 
 5.1 fix a timing loop (judged from a simulated GPU's event log, ``shared.benchmark.SimulatedGPU``);
 5.2 merge two partial online-softmax states (split-K, as Flash-Decoding does); 5.3 the fraction of
-a GPU's memory that naive attention's saved probabilities take (units: bytes per element of the
-dtype, GiB, fraction); 5.4 FlashAttention's block sizes from an SRAM budget.
+a GPU's memory that naive attention's saved probabilities take (two ``T x T`` tensors per layer, as
+section 4 measures; units: bytes per element of the dtype, GiB, fraction); 5.4 FlashAttention's
+block sizes from an SRAM budget, and the largest head size whose tiles, score tile included, fit;
+5.5 the tiled version's extra memory predicted from its description (then measured in the notebook).
 
 References are computed before the learner's code runs; answers computed in float32 are accepted
 (float32 tolerances); numbers must be numbers (text that reads as one is rejected).
@@ -34,6 +36,8 @@ __all__ = [
     "check_merge_partials",
     "check_saved_probs_fraction",
     "check_flash_block_sizes",
+    "check_largest_head_dim",
+    "check_tiled_extra_bytes",
 ]
 
 ATOL, RTOL = 1e-5, 1e-4  # float32's tolerances: a float32 answer to a float64 question passes
@@ -272,11 +276,32 @@ _SAVED_CASES = (  # (B, H, T, n_layers, dtype, gpu_gib): B, H, n_layers all diff
 )
 
 
+def _saved_square_tensors() -> int:
+    """How many distinct ``T x T`` tensors autograd saves for one call of the course's
+    ``naive_attention`` (measured with saved-tensor hooks, as section 4 does: 2, the softmax output
+    and its ``nan_to_num`` copy)."""
+    from shared.modules import naive_attention
+
+    T, d = 6, 3
+    gen = torch.Generator().manual_seed(503)
+    Q, K, V = (torch.randn(1, 1, T, d, generator=gen, requires_grad=True) for _ in range(3))
+    saved = {}
+
+    def keep(t):
+        saved[t.untyped_storage().data_ptr()] = t
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        naive_attention(Q, K, V)
+    return sum(tuple(t.shape[-2:]) == (T, T) for t in saved.values())
+
+
 @_checker
 def check_saved_probs_fraction(saved_probs_fraction):
     """``saved_probs_fraction(B, H, T, n_layers, dtype, gpu_gib)`` -> the fraction (0.25, not 25)
-    of a GPU with ``gpu_gib`` GiB that naive attention's saved probabilities take in training:
-    one ``(B, H, T, T)`` tensor of ``dtype`` per layer, ``n_layers`` layers."""
+    of a GPU with ``gpu_gib`` GiB that the ``(B, H, T, T)`` tensors the course's naive attention
+    saves for the backward pass take, ``n_layers`` layers of ``dtype`` (two per layer, measured)."""
+    n_saved = _saved_square_tensors()
     got, refs, parts = [], [], []
     for B, H, T, L, dtype, gib in _SAVED_CASES:
         ans = _call(saved_probs_fraction, B, H, T, L, dtype, gib, name="saved_probs_fraction",
@@ -284,12 +309,18 @@ def check_saved_probs_fraction(saved_probs_fraction):
                              f"gpu_gib={gib}")
         got.append(_number(ans, "the fraction"))
         e = _dtype_bytes(dtype)
-        refs.append(B * H * T * T * L * e / (gib * 2**30))
+        refs.append(n_saved * B * H * T * T * L * e / (gib * 2**30))
         parts.append((B, H, T, L, e, gib))
     if all(math.isclose(g, r, rel_tol=1e-6) for g, r in zip(got, refs, strict=True)):
         return ("at these sizes the saved probabilities alone can fill a GPU: the reason "
                 "FlashAttention recomputes them in the backward pass instead of storing them.")
     patterns = (
+        (f"you counted one T x T tensor per layer; this naive attention saves {n_saved} (the "
+         "softmax output and its nan_to_num copy): section 4's saved_for_backward shows them",
+         lambda B, H, T, L, e, gib, r: r / n_saved),
+        (f"three T x T buffers exist at the forward peak, but autograd keeps only {n_saved} of "
+         "them for the backward pass (the scaled scores are freed)",
+         lambda B, H, T, L, e, gib, r: r * 3 / n_saved),
         ("return a fraction (0.25 for a quarter), not a percent (25)",
          lambda B, H, T, L, e, gib, r: 100 * r),
         ("the bytes per element depend on the dtype (float16 and bfloat16: 2, float32: 4, "
@@ -348,7 +379,8 @@ def _flash_blocks(kib, d, e, kib_bytes=1024, rnd=math.ceil, four=4):
 def check_flash_block_sizes(flash_block_sizes):
     """``flash_block_sizes(sram_kib, head_dim, dtype)`` -> ``(B_r, B_c)`` as in FlashAttention's
     Algorithm 1 (Dao et al. 2022): with ``M`` the SRAM of one streaming multiprocessor counted in
-    elements of ``dtype``, ``B_c = ceil(M / (4 d))`` and ``B_r = min(B_c, d)``."""
+    elements of ``dtype``, ``B_c = ceil(M / (4 d))`` and ``B_r = min(B_c, d)``. (FlashAttention-2
+    swaps the loops and picks its block sizes per head size instead.)"""
     got, refs, parts = [], [], []
     for kib, d, dtype in _BLOCK_CASES:
         ans = _call(flash_block_sizes, kib, d, dtype, name="flash_block_sizes",
@@ -361,8 +393,8 @@ def check_flash_block_sizes(flash_block_sizes):
         refs.append(_flash_blocks(kib, d, e))
         parts.append((kib, d, e))
     if got == refs:
-        return ("B_c from the SRAM and head_dim alone; the grid of thread blocks covers the "
-                "(batch, head, query block) triples, so B and H never enter.")
+        return ("B_c from the SRAM and head_dim alone: batch and heads set how many thread "
+                "blocks run, not their size, so B and H never enter.")
     patterns = (
         ("M counts elements of the dtype, not bytes: divide the SRAM's bytes by the bytes per "
          "element", lambda kib, d, e: _flash_blocks(kib, d, 1)),
@@ -386,3 +418,145 @@ def check_flash_block_sizes(flash_block_sizes):
     kib, d, dtype = _BLOCK_CASES[i]
     raise _Wrong(f"for {kib} KiB of SRAM, head_dim {d}, {dtype}: expected (B_r, B_c) = "
                  f"{refs[i]}; got {tuple(int(x) if x == int(x) else x for x in got[i])}")
+
+
+# --------------------------------------------------------------------------------------------
+# 5.4 (b) The largest head size whose tiles fit, the score tile S_ij included
+# --------------------------------------------------------------------------------------------
+_HEAD_DIM_CASES = (  # (sram_kib, dtype) -> largest d: 102, 119, 44, 79, 55
+    (164, torch.float16),
+    (227, torch.bfloat16),
+    (64, torch.float32),  # here 1000-byte "KiB" gives the same d: that mistake is not one-lower
+    (99, torch.float16),
+    (96, torch.float32),
+)
+
+
+def _tile_elements(M: int, d: int, score_tile: bool = True) -> int:
+    """Elements of Q_i, O_i (B_r x d), K_j, V_j (B_c x d) and, if asked, S_ij (B_r x B_c)."""
+    B_c = -(-M // (4 * d))
+    B_r = min(B_c, d)
+    return 2 * B_r * d + 2 * B_c * d + (B_r * B_c if score_tile else 0)
+
+
+def _largest_d(M: int, score_tile: bool = True) -> int:
+    """The d before the first d >= 1 whose tiles overflow M elements (0 if even d = 1 does)."""
+    d = 1
+    while _tile_elements(M, d, score_tile) <= M and d <= M:
+        d += 1
+    return d - 1
+
+
+@_checker
+def check_largest_head_dim(largest_head_dim):
+    """``largest_head_dim(sram_kib, dtype)`` -> the largest head size ``d`` for which Algorithm 1's
+    tiles ``Q_i``, ``O_i`` ``(B_r x d)``, ``K_j``, ``V_j`` ``(B_c x d)`` **and** the score tile
+    ``S_ij`` ``(B_r x B_c)`` fit together in ``M`` elements of ``dtype`` (``B_c = ceil(M / 4d)``,
+    ``B_r = min(B_c, d)``). On every hidden case each smaller ``d`` fits too."""
+    got, refs, Ms = [], [], []
+    for kib, dtype in _HEAD_DIM_CASES:
+        ans = _call(largest_head_dim, kib, dtype, name="largest_head_dim",
+                    on_error=f"called with sram_kib={kib}, dtype={dtype}")
+        g = _number(ans, "the head size")
+        if g != int(g):
+            raise _Wrong(f"a head size is a whole number of dimensions; got {g} for {kib} KiB, "
+                         f"{dtype}")
+        e = _dtype_bytes(dtype)
+        got.append(int(g))
+        Ms.append(kib * 1024 // e)
+        refs.append(_largest_d(kib * 1024 // e))
+    if got == refs:
+        return ("with its score tile, Algorithm 1 overflows an A100's SRAM from d = 103 on, "
+                "so d = 128 does not fit even on an H100: FlashAttention-2 picks smaller tiles "
+                "per head size instead.")
+    patterns = (
+        ("M counts elements of the dtype, not bytes: divide the SRAM's bytes by the bytes per "
+         "element", [_largest_d(kib * 1024) for kib, _ in _HEAD_DIM_CASES]),
+        ("the bytes per element depend on the dtype (float16/bfloat16: 2, float32: 4): you "
+         "used 4 for every dtype", [_largest_d(kib * 1024 // 4) for kib, _ in _HEAD_DIM_CASES]),
+        ("1 KiB is 1024 bytes, not 1000",
+         [_largest_d(kib * 1000 // _dtype_bytes(dt)) for kib, dt in _HEAD_DIM_CASES]),
+        ("that head size is the first that overflows the SRAM: return the one before it, the "
+         "largest that still fits", [r + 1 for r in refs]),
+    )
+    for hint, expected in patterns:
+        if got == expected:
+            raise _Wrong(hint)
+    for (kib, dtype), g, r, M in zip(_HEAD_DIM_CASES, got, refs, Ms, strict=True):
+        if g == r:
+            continue
+        if g < 1:
+            raise _Wrong(f"for {kib} KiB of {dtype} you returned d = {g}: a head size is at "
+                         "least 1, and d = 1 fits")
+        if g > r and g == _largest_d(M, score_tile=False):
+            raise _Wrong(f"for {kib} KiB of {dtype}, at d = {g} the four blocks Q_i, O_i, K_j, "
+                         "V_j fit but the score tile S_ij (B_r x B_c) does not fit beside them: "
+                         "count it too")
+        if g > r:
+            raise _Wrong(f"for {kib} KiB of {dtype}, the tiles at d = {g} need "
+                         f"{_tile_elements(M, g):,} elements, more than M = {M:,} (compute B_c "
+                         "and B_r for each d, rounding included, and test the sum)")
+        raise _Wrong(f"for {kib} KiB of {dtype}, d = {g + 1} still fits "
+                     f"({_tile_elements(M, g + 1):,} of M = {M:,} elements): return the largest")
+    raise _Wrong("unexpected answer")  # unreachable: got != refs means one case differs
+
+
+# --------------------------------------------------------------------------------------------
+# 5.5 Predict the tiled version's extra memory from its description (then measure it)
+# --------------------------------------------------------------------------------------------
+_TILED_CASES = (  # (B, H, head_dim, block_size, dtype): block != head_dim, B != H, both > 1
+    (2, 3, 32, 64, torch.float64),
+    (1, 8, 64, 128, torch.float32),
+    (3, 2, 48, 96, torch.float32),
+    (4, 5, 80, 16, torch.float64),
+)
+
+
+@_checker
+def check_tiled_extra_bytes(tiled_extra_bytes):
+    """``tiled_extra_bytes(B, H, head_dim, block_size, dtype)`` -> the bytes ``tiled_attention``
+    holds beyond its output, from its description in section 6: per (sequence, head) one
+    ``block x block`` tile of scores, two ``block x head_dim`` matrices and two columns of
+    ``block`` (``m`` and ``l``), all of ``dtype`` (float32 or float64 here)."""
+    got, parts = [], []
+    for B, H, d, b, dtype in _TILED_CASES:
+        ans = _call(tiled_extra_bytes, B, H, d, b, dtype, name="tiled_extra_bytes",
+                    on_error=f"called with B={B}, H={H}, head_dim={d}, block_size={b}, "
+                             f"dtype={dtype}")
+        got.append(_number(ans, "the bytes"))
+        parts.append((B, H, d, b, _dtype_bytes(dtype)))
+
+    def ref(B, H, d, b, e):
+        return B * H * (b * b + 2 * b * d + 2 * b) * e
+
+    refs = [ref(*p) for p in parts]
+    if all(math.isclose(g, r, rel_tol=1e-6) for g, r in zip(got, refs, strict=True)):
+        return ("nothing in it grows with T: that is why the tiled version's peak follows the "
+                "output. Now measure it: peak_memory adds a few temporary columns on top.")
+    patterns = (
+        ("you left out the tile of scores: block x block per (sequence, head)",
+         lambda B, H, d, b, e: B * H * (2 * b * d + 2 * b) * e),
+        ("two block x head_dim matrices: the scaled query block and the accumulator a",
+         lambda B, H, d, b, e: B * H * (b * b + b * d + 2 * b) * e),
+        ("two columns of length block as well: the running max m and the running sum l",
+         lambda B, H, d, b, e: B * H * (b * b + 2 * b * d) * e),
+        ("every (sequence, head) pair has its own tile, matrices and columns: multiply by B * H",
+         lambda B, H, d, b, e: (b * b + 2 * b * d + 2 * b) * e),
+        ("every head has its own tile, matrices and columns: multiply by H",
+         lambda B, H, d, b, e: B * (b * b + 2 * b * d + 2 * b) * e),
+        ("you counted elements: multiply by the bytes per element of the dtype",
+         lambda B, H, d, b, e: ref(B, H, d, b, e) / e),
+        ("the bytes per element depend on the dtype (float32: 4, float64: 8): you used 4 for "
+         "every dtype", lambda B, H, d, b, e: ref(B, H, d, b, 4)),
+        ("return bytes, not MiB", lambda B, H, d, b, e: ref(B, H, d, b, e) / 2**20),
+        ("you counted bits: one byte is 8 bits", lambda B, H, d, b, e: 8 * ref(B, H, d, b, e)),
+    )
+    for hint, pattern in patterns:
+        expected = [pattern(*p) for p in parts]
+        if all(math.isclose(g, x, rel_tol=1e-6) for g, x in zip(got, expected, strict=True)):
+            raise _Wrong(hint)
+    i = next(i for i, (g, r) in enumerate(zip(got, refs, strict=True))
+             if not math.isclose(g, r, rel_tol=1e-6))
+    B, H, d, b, dtype = _TILED_CASES[i]
+    raise _Wrong(f"for B={B}, H={H}, head_dim={d}, block_size={b}, {dtype}: expected "
+                 f"{refs[i]:,.0f} bytes; got {got[i]:,.6g}")

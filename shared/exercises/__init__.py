@@ -22,12 +22,12 @@ The exercises, by notebook (the checker names say what they check):
   ``check_design_embeddings``, ``check_spot_the_bug``.
 * 02: ``check_attend_to_one``, ``check_score_scale``, ``check_init_variance``,
   ``check_shift_matrix``, ``check_recover_permutation``, ``check_attention_bug_fix``.
-* 03: ``check_sliding_window_attention``, ``check_window_pairs``, ``check_expected_empty_rows``,
-  ``check_causal_bug_fix``.
+* 03: ``check_sliding_window_attention``, ``check_window_pairs``, ``check_stacked_reach``,
+  ``check_expected_empty_rows``, ``check_causal_bug_fix``.
 * 04: ``check_bug_prediction``, ``check_fixed_multi_head``, ``check_duplicate_token_head``,
   ``check_attention_parameters``.
 * 05: ``check_time_call``, ``check_merge_partials``, ``check_saved_probs_fraction``,
-  ``check_flash_block_sizes``.
+  ``check_flash_block_sizes``, ``check_largest_head_dim``, ``check_tiled_extra_bytes``.
 * 06: ``check_one_layer_experiment``, ``check_position_mean_ablation``, ``check_k_composition``,
   ``check_fixed_period_shortcut``.
 * 07: ``check_ntk_base``, ``check_shift_change``, ``check_to_half_split``,

@@ -129,7 +129,7 @@ def plot_attention(
             )
     if cbar and cbar_label is not None:
         mesh.colorbar.set_label(cbar_label)
-    if blank_diagonal:  # seaborn writes one text per drawn cell, centred on (column + 0.5, row + 0.5)
+    if blank_diagonal:  # seaborn writes one text per cell, centred on (column + 0.5, row + 0.5)
         for text in ax.texts:
             x, y = text.get_position()
             if round(x - 0.5) == round(y - 0.5):

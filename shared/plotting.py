@@ -68,6 +68,7 @@ def plot_attention(
     vmax: float | None = 1.0,
     cmap: str = "viridis",
     cbar_label: str | None = None,
+    blank_diagonal: bool = False,
 ):
     """Draw one attention matrix as a labelled heatmap and return its ``Axes``.
 
@@ -81,6 +82,8 @@ def plot_attention(
     ``annotate`` writes each weight with 2 decimals (default: when the matrix is at most 12 x 12).
     ``vmax=None`` scales the colours to the data instead of to [0, 1] (use it for raw scores).
     ``cbar_label`` labels the colour bar (default: no label), e.g. ``"attention weight"``.
+    ``blank_diagonal=True`` leaves the numbers of the diagonal cells out (their colour stays), e.g.
+    for ``S - S^T``, whose diagonal is 0 by construction.
     """
     w = _to_numpy("weights", weights)
     if w.ndim != 2:
@@ -126,6 +129,11 @@ def plot_attention(
             )
     if cbar and cbar_label is not None:
         mesh.colorbar.set_label(cbar_label)
+    if blank_diagonal:  # seaborn writes one text per cell, centred on (column + 0.5, row + 0.5)
+        for text in ax.texts:
+            x, y = text.get_position()
+            if round(x - 0.5) == round(y - 0.5):
+                text.set_text("")
     ax.set_xlabel("keys (attended to)")
     ax.set_ylabel("queries (attending)")
     ax.set_title(title)

@@ -341,26 +341,37 @@ def scale_as_text(d_k, sigma_q, sigma_k):
     return f"{math.sqrt(d_k) * sigma_q * sigma_k}"
 
 
+def _blocked(pe):
+    d_model = pe.shape[-1]
+    return pe[:, list(range(0, d_model, 2)) + list(range(1, d_model, 2))]
+
+
 def shift_lstsq(k, d_model, base=10000.0):
-    """Independent of any formula for M_k: solve PE[p] @ M = PE[p + k] over many positions."""
+    """Independent of any formula for M_k: solve PE_b[p] @ M = PE_b[p + k] over many positions."""
     from shared.positional import sinusoidal_positional_encoding
 
-    pe = sinusoidal_positional_encoding(400, d_model, base=base)
+    pe = _blocked(sinusoidal_positional_encoding(400, d_model, base=base))
     lo, hi = max(0, -k), 400 - max(0, k)
     return np.linalg.lstsq(pe[lo:hi], pe[lo + k:hi + k], rcond=None)[0]
 
 
-def _shift(k, d_model, base, omega_of, transpose=False):
-    M = np.zeros((d_model, d_model))
-    for i in range(d_model // 2):
+def _shift(k, d_model, base, omega_of, transpose=False, interleaved=False):
+    """Pair i is column i (sine) and column i + d_model/2 (cosine), unless ``interleaved``."""
+    M, h = np.zeros((d_model, d_model)), d_model // 2
+    for i in range(h):
         a = k * omega_of(i)
-        block = np.array([[np.cos(a), -np.sin(a)], [np.sin(a), np.cos(a)]])
-        M[2 * i:2 * i + 2, 2 * i:2 * i + 2] = block.T if transpose else block
+        s, c = (-1 if transpose else 1) * np.sin(a), np.cos(a)
+        si, ci = (2 * i, 2 * i + 1) if interleaved else (i, i + h)
+        M[si, si], M[si, ci], M[ci, si], M[ci, ci] = c, -s, s, c
     return M
 
 
 def shift_ok(k, d_model, base=10000.0):
     return _shift(k, d_model, base, lambda i: base ** (-2 * i / d_model))
+
+
+def shift_interleaved(k, d_model, base=10000.0):  # section 7's layout, not the figure's
+    return _shift(k, d_model, base, lambda i: base ** (-2 * i / d_model), interleaved=True)
 
 
 def shift_backwards(k, d_model, base=10000.0):
@@ -394,7 +405,7 @@ def variance_std(d_in, d_k, T):
     return math.sqrt(variance_ok(d_in, d_k, T))
 
 
-BREAKS_IT = {"c", "d"}  # a causal mask; positions added after the shuffle
+BREAKS_IT = {"c", "d", "g"}  # a causal mask; dropout in training mode; a bias by distance
 
 
 def perm_ok(Z, Z_shuffled):
@@ -737,12 +748,14 @@ CASES = [
     (C.check_shift_matrix, (shift_same_angle,), False, "same angle"),
     (C.check_shift_matrix, (shift_exponent_i,), False, "counts column PAIRS"),
     (C.check_shift_matrix, (shift_fixed_base,), False, "the base you are given"),
+    (C.check_shift_matrix, (shift_interleaved,), False, "section 7's interleaved columns"),
     (C.check_recover_permutation, (perm_ok, BREAKS_IT), True, OK),
-    (C.check_recover_permutation, (perm_as_floats, "c, d"), True, OK),
+    (C.check_recover_permutation, (perm_as_floats, "c, d, g"), True, OK),
     (C.check_recover_permutation, (perm_ok,), None, "now answer breaks_it"),
     (C.check_recover_permutation, (transfer_stub,), None, NA),
-    (C.check_recover_permutation, (perm_ok, {"c"}), False, "(d) breaks it too"),
-    (C.check_recover_permutation, (perm_ok, {"a", "c", "d"}), False, "(a) does not break it"),
+    (C.check_recover_permutation, (perm_ok, {"c", "g"}), False, "(d) breaks it too"),
+    (C.check_recover_permutation, (perm_ok, {"a", "c", "d", "g"}), False, "(a) does not break it"),
+    (C.check_recover_permutation, (perm_ok, {"c", "d", "g", "h"}), False, "(h) does not break it"),
     (C.check_recover_permutation, (perm_inverse,), False, "inverse permutation"),
     (C.check_recover_permutation, (perm_exact,), False, "NEAREST row"),
     (C.check_recover_permutation, (perm_first_column_only,), False, "is not a permutation"),

@@ -165,7 +165,7 @@ def perm_ok(Z, Z_shuffled):
 
 
 def test_recover_permutation_sees_in_place_changes(capsys):
-    assert ex.check_recover_permutation(perm_ok, {"c", "d"}).passed is True
+    assert ex.check_recover_permutation(perm_ok, {"c", "d", "g"}).passed is True
     capsys.readouterr()
     assert ex.check_recover_permutation(perm_centres_in_place).passed is False
     out = capsys.readouterr().out
@@ -176,26 +176,38 @@ def test_recover_permutation_sees_in_place_changes(capsys):
 # of the checker's answer key.
 def _layer_outputs(change: str, X: torch.Tensor, perm: torch.Tensor | None) -> torch.Tensor:
     torch.manual_seed(0)
-    d = X.shape[-1]
+    T, d = X.shape
     bias = change == "b"
     W_q, W_k, W_v = (torch.nn.Linear(d, 4, bias=bias).double() for _ in range(3))
+    distance_bias = torch.randn(2 * T - 1, dtype=torch.float64)  # b_(i-j), for option g
     if change == "a":  # a few training steps towards a random target
         params = [p for m in (W_q, W_k, W_v) for p in m.parameters()]
         opt = torch.optim.SGD(params, lr=0.5)
-        target = torch.randn(X.shape[0], 4, dtype=torch.float64)
+        target = torch.randn(T, 4, dtype=torch.float64)
         for _ in range(5):
             opt.zero_grad()
             q, k, v = W_q(X), W_k(X), W_v(X)
             ((F.scaled_dot_product_attention(q, k, v) - target) ** 2).mean().backward()
             opt.step()
-    x = X if perm is None else X[perm]
-    if change == "d":  # positions added after the shuffle
-        from shared.positional import sinusoidal_positional_encoding
-        x = x + torch.tensor(sinusoidal_positional_encoding(X.shape[0], d))
-    scale = 1 / 4 if change == "f" else None  # 1/d_k instead of 1/sqrt(d_k)
+    order = torch.arange(T) if perm is None else perm
+    x = X[order]
+    mask = None
+    if change == "c":
+        mask = torch.ones(T, T, dtype=torch.bool).tril()
+    if change == "h":  # tokens 4 and 5 are padding; the mask travels with them
+        is_pad = torch.tensor([False, False, False, False, True, True])[order]
+        mask = ~is_pad[None, :].expand(T, T)
     with torch.no_grad():
-        z = F.scaled_dot_product_attention(W_q(x), W_k(x), W_v(x), is_causal=change == "c",
-                                           scale=scale)
+        S = W_q(x) @ W_k(x).T / (4 if change == "f" else 2)  # 1/d_k instead of 1/sqrt(d_k)
+        if change == "g":
+            i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+            S = S + distance_bias[i - j + T - 1]
+        if mask is not None:
+            S = S.masked_fill(~mask, float("-inf"))
+        A = torch.softmax(S, dim=-1)
+        if change == "d":  # dropout in training mode: a fresh random mask on every call
+            A = F.dropout(A, p=0.5, training=True)
+        z = A @ W_v(x)
         if change == "e":  # a second layer on top (same shapes: d -> 4 -> 4)
             W2 = [torch.nn.Linear(4, 4).double() for _ in range(3)]
             z = F.scaled_dot_product_attention(*(W(z) for W in W2))
@@ -206,20 +218,23 @@ def test_breaks_it_answer_key_is_measured():
     X = torch.randn(6, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     perm = torch.tensor([5, 2, 0, 4, 1, 3])
     measured = set()
-    for change in "abcdef":
+    for change in "abcdefgh":
         gap = (_layer_outputs(change, X, perm) - _layer_outputs(change, X, None)[perm]).abs().max()
         assert gap < 1e-12 or gap > 1e-2, (change, gap)
         if gap > 1e-2:
             measured.add(change)
-    assert measured == {"c", "d"} == {k for k, (b, _) in nb02._CHANGES.items() if b}
+    assert measured == {"c", "d", "g"} == {k for k, (b, _) in nb02._CHANGES.items() if b}
 
 
 @pytest.mark.parametrize("answer, hint", [
-    ({"d"}, "(c) breaks it too"),
-    ("cde", "(e) does not break it"),
-    ({"c", "d", "f"}, "(f) does not break it"),
-    ({"b", "c", "d"}, "(b) does not break it"),
-    ({"c", "g"}, "the options are the letters"),
+    ({"d", "g"}, "(c) breaks it too"),
+    ({"c", "g"}, "(d) breaks it too"),
+    ({"c", "d"}, "(g) breaks it too"),
+    ("cdeg", "(e) does not break it"),
+    ({"c", "d", "f", "g"}, "(f) does not break it"),
+    ({"b", "c", "d", "g"}, "(b) does not break it"),
+    ({"c", "d", "g", "h"}, "(h) does not break it"),
+    ({"c", "z"}, "the options are the letters"),
     (3, "a set of letters"),
 ])
 def test_breaks_it_hints(capsys, answer, hint):
@@ -229,7 +244,7 @@ def test_breaks_it_hints(capsys, answer, hint):
 
 
 def test_breaks_it_accepts_any_spelling(capsys):
-    for answer in ({"c", "d"}, ["D", "c"], "c, d", ("d", "c")):
+    for answer in ({"c", "d", "g"}, ["D", "c", "G"], "c, d, g", ("g", "d", "c")):
         assert ex.check_recover_permutation(perm_ok, answer).passed is True, capsys.readouterr().out
 
 

@@ -76,6 +76,14 @@ def test_cells_hold_their_own_weight():
     assert texts[(2, 1)] == f"{w[2, 1]:.2f}"  # row = query 2, column = key 1 (not transposed)
 
 
+def test_blank_diagonal_drops_only_the_diagonal_numbers():
+    w = weights_4x4()
+    texts = cell_texts(plot_attention(w, TOKENS, blank_diagonal=True))
+    assert [texts[(i, i)] for i in range(4)] == [""] * 4
+    assert all(texts[(i, j)] == f"{w[i, j]:.2f}" for i in range(4) for j in range(4) if i != j)
+    assert all(t != "" for t in cell_texts(plot_attention(w, TOKENS)).values())  # default: all
+
+
 def test_masked_cells_are_hatched_and_not_drawn():
     w = weights_4x4()
     mask = np.tril(np.ones((4, 4), dtype=bool))

@@ -230,35 +230,47 @@ def _shift_reference(k: int, d_model: int, base: float, exponent: float = 2.0,
 
 def _blocked_layout(M: np.ndarray) -> np.ndarray:
     """The same rotation written for a (sin block | cos block) column layout."""
-    d = M.shape[0]
-    order = np.r_[np.arange(0, d, 2), np.arange(1, d, 2)]
+    order = _blocked_order(M.shape[0])
     return M[np.ix_(order, order)]
+
+
+def _blocked_order(d_model: int) -> np.ndarray:
+    """Column order of the figure's layout: the sines (columns 0, 2, 4, ...), then the cosines."""
+    return np.r_[np.arange(0, d_model, 2), np.arange(1, d_model, 2)]
 
 
 @_checker
 def check_shift_matrix(shift_matrix):
     """Exercise 2.3: ``shift_matrix(k, d_model, base=10000.0)`` -> ``(d_model, d_model)`` matrix
-    ``M_k`` with ``PE[p + k] = PE[p] @ M_k`` for every position p (rows = positions, columns
-    interleaved sin/cos as in ``sinusoidal_positional_encoding``)."""
+    ``M_k`` with ``PE_b[p + k] = PE_b[p] @ M_k`` for every position p, where ``PE_b`` is the
+    encoding in the figure's column layout: the d_model/2 sine columns first, then the cosine
+    columns (``sinusoidal_positional_encoding(T, d_model, base)[:, order]``, with ``order`` the
+    even columns followed by the odd ones)."""
     from shared.positional import sinusoidal_positional_encoding
 
     for k, d_model, base in ((1, 8, 10000.0), (5, 16, 10000.0), (0, 4, 10000.0),
                              (-3, 8, 10000.0), (7, 6, 100.0), (2, 2, 10000.0)):
-        ref = _shift_reference(k, d_model, base)
+        interleaved = _shift_reference(k, d_model, base)
+        ref = _blocked_layout(interleaved)
         got = _numbers(_call(shift_matrix, k, d_model, base=base, name="shift_matrix"),
                        "the matrix")
         _shape(got, (d_model, d_model), f"for k = {k}, d_model = {d_model} the matrix",
                "(d_model, d_model)")
-        pe = sinusoidal_positional_encoding(40, d_model, base=base)
+        pe = sinusoidal_positional_encoding(40, d_model, base=base)[:, _blocked_order(d_model)]
         rows = np.arange(max(0, -k), 40 - max(0, k))
         if _close(pe[rows] @ got, pe[rows + k], atol=1e-6):
             continue
         where = f"for k = {k}, d_model = {d_model}, base = {base:g}"
         if k and _close(got, ref.T):
             raise _Wrong(f"{where}: your matrix moves the encoding k positions BACK (PE[p] @ M = "
-                         "PE[p - k]): each 2x2 block is transposed. Positions are rows, so "
+                         "PE[p - k]): the sin and cos signs are swapped. Positions are rows, so "
                          "PE[p] @ M: write sin(a + b) = sin a cos b + cos a sin b as a row "
                          "vector times a matrix to fix the signs")
+        if d_model > 2 and _close(got, interleaved):
+            raise _Wrong(f"{where}: that is the matrix for section 7's interleaved columns (2x2 "
+                         "blocks on the diagonal). Here the sines come first: pair i is column "
+                         "i (sine) and column i + d_model/2 (cosine), so its four entries sit at "
+                         "rows and columns i and i + d_model/2")
         for hint, value in (
             ("every pair of columns turns at its own speed omega_i = base^(-2i / d_model); you "
              "rotated every pair by the same angle k", _shift_reference(k, d_model, base,
@@ -267,17 +279,16 @@ def check_shift_matrix(shift_matrix):
              _shift_reference(k, d_model, base, exponent=1.0)),
             ("use the base you are given (the argument `base`), not a fixed 10000",
              _shift_reference(k, d_model, 10000.0) if base != 10000.0 else None),
-            ("the columns are interleaved: 2i holds the sine and 2i + 1 the cosine of pair i "
-             "(not all sines first, then all cosines)", _blocked_layout(ref)),
         ):
-            if value is not None and _close(got, value):
+            if value is not None and _close(got, _blocked_layout(value)):
                 raise _Wrong(f"{where}: {hint}")
         if k == 0 and not _close(got, np.eye(d_model)):
             raise _Wrong("for k = 0 nothing moves: M_0 must be the identity")
         raise _Wrong(f"{where}: PE[p] @ M differs from PE[p + k] by up to "
-                     f"{_maxdiff(pe[rows] @ got, pe[rows + k])}; M_k is block diagonal with a "
-                     "2x2 rotation by k * omega_i for each pair i")
-    return "one fixed matrix per offset k moves every position p to p + k: offsets are linear."
+                     f"{_maxdiff(pe[rows] @ got, pe[rows + k])}; pair i (columns i and "
+                     "i + d_model/2) must turn by k * omega_i, and nothing else may mix")
+    return ("one fixed matrix per offset k moves every position p to p + k, in any column layout: "
+            "offsets are linear.")
 
 
 # --------------------------------------------------------------------------------------------
@@ -297,12 +308,19 @@ _CHANGES = {
                  "still one map applied to each token on its own, so the argument holds"),
     "c": (True, "a causal mask: token i then sees only tokens 0..i, so WHICH tokens it sees "
                 "depends on the order (section 6's last line)"),
-    "d": (True, "positional encodings added after the shuffle: the shuffled tokens get different "
-                "positions added, so they are different inputs (section 7's check)"),
+    "d": (True, "dropout in training mode zeroes weights at random positions of the (T, T) "
+                "matrix, drawn afresh for every call and tied to no token, so the shuffled run "
+                "drops different pairs of tokens and its rows are not rows of Z"),
     "e": (False, "two layers stacked: the first maps X[perm] to Z[perm], a reordering, and the "
                  "second reorders again; no order enters anywhere"),
     "f": (False, "dividing the scores by d_k instead of sqrt(d_k) changes the weights for every "
                  "order alike; the argument never used the scale"),
+    "g": (True, "a bias b_(i-j) depends on where the two tokens sit, not on what they are: after "
+                "the shuffle the same two tokens are a different distance apart and get a "
+                "different bias"),
+    "h": (False, "a padding mask that travels with its tokens hides the same tokens' keys from "
+                 "every query, whatever the order: each token still sees the same set, so the "
+                 "argument holds"),
 }
 
 
@@ -327,7 +345,8 @@ def check_recover_permutation(recover_permutation, breaks_it=None):
     """Exercise 2.4: ``recover_permutation(Z, Z_shuffled)`` -> integer array ``perm`` with
     ``Z_shuffled[i] = Z[perm[i]]`` (up to rounding), where ``Z_shuffled`` are the outputs of a
     self-attention layer for the shuffled tokens ``X[perm]``; ``breaks_it``: the set of letters
-    of the changes (options a-f of the notebook) after which that no longer holds, {"c", "d"}."""
+    of the changes (options a-h of the notebook) after which that no longer holds,
+    {"c", "d", "g"}."""
     rng = _rng(204)
     for T, d in ((6, 4), (9, 3), (5, 5), (1, 2)):
         X = rng.normal(size=(T, d))
@@ -378,8 +397,8 @@ def check_recover_permutation(recover_permutation, breaks_it=None):
         if letter in chosen and not breaks:
             raise _Wrong(f"your function works, but ({letter}) does not break it: {why}")
     return ("each output depends on its own token and the SET of all tokens, so a shuffle only "
-            "reorders the rows; only something that depends on position (a causal mask, "
-            "positional encodings) breaks that.")
+            "reorders the rows; only something tied to positions (a causal mask, a bias by "
+            "distance) or to chance (dropout) breaks that.")
 
 
 # --------------------------------------------------------------------------------------------

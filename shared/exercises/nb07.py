@@ -334,7 +334,8 @@ def check_alibi_mass_beyond(alibi_mass_beyond):
             if value is not None and math.isclose(got, value, rel_tol=1e-6, abs_tol=1e-9):
                 raise _Wrong(hint)
         raise _Wrong(f"for slope = {slope:g}, T = {T:g}, distance = {dist} the weight beyond is "
-                     f"{ref:.4g}; got {got:.4g}")
+                     f"{ref:.8g}; got {got:.8g}, off by {got - ref:.2g}, more than "
+                     "the checker's relative tolerance of 1e-6")
     return ("with T = 64, a head with slope 1/2 puts "
             f"{notes[(0.5, 64, 8)]:.4f} of its weight beyond 8 tokens. For large T the mass "
             "beyond D is just e^(-slope (D+1)): a head with slope 1/256 keeps about half its "

@@ -5,6 +5,7 @@ mistake. The answers here are written independently of the checkers."""
 from __future__ import annotations
 
 import copy
+import math
 
 import numpy as np
 import pytest
@@ -70,24 +71,44 @@ NB, NB0 = _Lazy(notebook_model), _Lazy(untrained_model)
 
 
 # 6.1 ------------------------------------------------------------------------------------------
-def wide_ok():
-    return _trained("wide", 1, 64, 4, 4, 12)
+def restart_ok(period, min_period, max_period):  # periods max(period, min) .. max stay possible
+    return math.log(max_period - max(period, min_period) + 1)
 
 
-def wide_two_layers():  # the architecture is checked first: no need to train it
-    return _trained("wide2", 2, 64, 4, 4, 12, steps=0)
+def restart_probability(period, min_period, max_period):
+    return 1 / (max_period - max(period, min_period) + 1)
 
 
-def wide_untrained():
-    return _trained("wide0", 1, 64, 4, 4, 12, steps=0)
+def restart_log2(period, min_period, max_period):
+    return math.log2(max_period - max(period, min_period) + 1)
 
 
-def wide_narrow():
-    return _trained("narrow", 1, 32, 2, 4, 12, steps=0)
+def restart_all_periods(period, min_period, max_period):  # forgot that shorter periods are out
+    return math.log(max_period - min_period + 1)
 
 
-def wide_with_history():
-    return wide_ok(), {"loss": []}
+def restart_off_by_one(period, min_period, max_period):
+    return math.log(max(max_period - period, 1))
+
+
+def restart_new_letter(period, min_period, max_period):
+    return math.log(26 - period)
+
+
+def restart_negative(period, min_period, max_period):
+    return -restart_ok(period, min_period, max_period)
+
+
+def restart_tensor(period, min_period, max_period):
+    return torch.tensor(restart_ok(period, min_period, max_period))
+
+
+def restart_ln3(period, min_period, max_period):  # the notebook's number for every case
+    return math.log(3)
+
+
+def restart_list(period, min_period, max_period):
+    return [restart_ok(period, min_period, max_period)]
 
 
 # 6.2 ------------------------------------------------------------------------------------------
@@ -259,6 +280,10 @@ def varied():
     return _trained("varied", 2, 32, 2, 4, 12)
 
 
+def fixed_wide():  # the architecture is checked first: no need to train it
+    return _trained("wide", 1, 64, 4, 10, 10, steps=0)
+
+
 def fixed_untrained():
     return _trained("fixed0", 2, 32, 2, 10, 10, steps=0)
 
@@ -266,14 +291,17 @@ def fixed_untrained():
 C = ex
 CASES = [
     # 6.1
-    (C.check_one_layer_experiment, (wide_ok, "fails"), True, OK),
-    (C.check_one_layer_experiment, (stub, None), None, NA),
-    (C.check_one_layer_experiment, (wide_ok, "solves"), False, "K-composition"),
-    (C.check_one_layer_experiment, (wide_ok, "maybe"), False, 'set prediction to "solves" or'),
-    (C.check_one_layer_experiment, (wide_two_layers, "fails"), False, "num_layers=1"),
-    (C.check_one_layer_experiment, (wide_untrained, "fails"), False, "looks untrained"),
-    (C.check_one_layer_experiment, (wide_narrow, "fails"), False, "d_model=64, num_heads=4"),
-    (C.check_one_layer_experiment, (wide_with_history, "fails"), False, "not a tuple"),
+    (C.check_restart_loss, (restart_ok,), True, OK),
+    (C.check_restart_loss, (restart_tensor,), True, OK),
+    (C.check_restart_loss, (stub,), None, NA),
+    (C.check_restart_loss, (restart_probability,), False, "you returned a probability"),
+    (C.check_restart_loss, (restart_log2,), False, "log base 2"),
+    (C.check_restart_loss, (restart_all_periods,), False, "shorter than 10 is ruled out"),
+    (C.check_restart_loss, (restart_off_by_one,), False, "count the periods still possible"),
+    (C.check_restart_loss, (restart_new_letter,), False, "not a new one"),
+    (C.check_restart_loss, (restart_negative,), False, "check the sign"),
+    (C.check_restart_loss, (restart_ln3,), False, "best_restart_loss(10, 4, 15) returned 1.0986"),
+    (C.check_restart_loss, (restart_list,), False, "should return one number"),
     # 6.2
     (C.check_position_mean_ablation, (pma_ok, "higher", NB), True, OK),
     (C.check_position_mean_ablation, (stub, None, None), None, NA),
@@ -301,9 +329,16 @@ CASES = [
     # 6.3
     (C.check_k_composition, (ko_ok, "key", NB), True, OK),
     (C.check_k_composition, (stub, None, None), None, NA),
-    (C.check_k_composition, (ko_ok, "query", NB), False, "you predicted query"),
-    (C.check_k_composition, (ko_ok, "value", NB), False, "you predicted value"),
-    (C.check_k_composition, (ko_ok, "keys", NB), False, 'set breaks to "query"'),
+    (C.check_k_composition, (ko_ok, ["key"], NB), True, OK),
+    (C.check_k_composition, (ko_ok, ["query", "key"], NB), False,
+     "you predicted induction breaks without the previous-token head (0, 0) in layer 1's query"),
+    (C.check_k_composition, (ko_ok, ["key", "value"], NB), False,
+     "breaks without the previous-token head (0, 0) in layer 1's value input"),
+    (C.check_k_composition, (ko_ok, [], NB), False,
+     "you predicted induction survives without the previous-token head (0, 0) in layer 1's key"),
+    (C.check_k_composition, (ko_ok, "query", NB), False, "layer 1's query input"),
+    (C.check_k_composition, (ko_ok, "keys", NB), False, "set breaks to a list of the inputs"),
+    (C.check_k_composition, (ko_ok, ["key", 1], NB), False, "set breaks to a list of the inputs"),
     (C.check_k_composition, (ko_ok, "key", None), False, "pass the notebook's trained model"),
     (C.check_k_composition, (ko_ok, "key", NB0), False, "has not learned the task"),
     (C.check_k_composition, (ko_next_path, "key", NB), False,
@@ -330,7 +365,7 @@ CASES = [
     (C.check_fixed_period_shortcut, (varied, [5, 10]), False, "also solves periods 7 and 12"),
     (C.check_fixed_period_shortcut, (fixed_untrained, [5, 10]), False,
      "does not solve period 10"),
-    (C.check_fixed_period_shortcut, (wide_ok, [5, 10]), False, "use the notebook's model"),
+    (C.check_fixed_period_shortcut, (fixed_wide, [5, 10]), False, "use the notebook's model"),
 ]
 
 
@@ -351,8 +386,18 @@ def test_checker(capsys, checker, answers, expected, phrase):
     assert out.startswith(prefix), out
 
 
+def test_the_restart_reference_matches_the_hand_derived_values():
+    """The checker's reference (enumerating periods) against values derived by hand: the notebook's
+    ln 3, ln 6 for periods 4 to 15, and 0 when the period is the longest in training."""
+    from shared.exercises.nb06 import _restart_reference
+
+    assert abs(_restart_reference(10, 4, 12) - math.log(3)) < 1e-9
+    assert abs(_restart_reference(10, 4, 15) - math.log(6)) < 1e-9
+    assert abs(_restart_reference(9, 2, 9)) < 1e-9
+    assert abs(_restart_reference(4, 4, 9) - math.log(6)) < 1e-9
+
+
 def test_the_experiment_checkers_also_take_the_trained_model(capsys):
-    assert ex.check_one_layer_experiment(wide_ok(), "fails").passed is True
     assert ex.check_fixed_period_shortcut(fixed_ok(), [10, 5]).passed is True
     assert ex.check_fixed_period_shortcut(fixed_ok(), (10, 5)).passed is True
     assert ex.check_fixed_period_shortcut(fixed_ok(), 10).passed is False  # period 5 works too
@@ -361,7 +406,7 @@ def test_the_experiment_checkers_also_take_the_trained_model(capsys):
 
 def test_every_checker_is_covered_three_ways():
     """Each checker: a correct answer, the stub, and at least two different wrong answers."""
-    assert ex.nb06.__all__ == ["check_one_layer_experiment", "check_position_mean_ablation",
+    assert ex.nb06.__all__ == ["check_restart_loss", "check_position_mean_ablation",
                                "check_k_composition", "check_fixed_period_shortcut"]
     for name in ex.nb06.__all__:
         results = [c[2] for c in CASES if c[0].__name__ == name]

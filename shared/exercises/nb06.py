@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -19,7 +21,7 @@ from ._core import (
 )
 
 __all__ = [
-    "check_one_layer_experiment",
+    "check_restart_loss",
     "check_position_mean_ablation",
     "check_k_composition",
     "check_fixed_period_shortcut",
@@ -73,41 +75,71 @@ def _repeat_accuracy(model, tokens) -> tuple[float, float]:
 
 
 # --------------------------------------------------------------------------------------------
-# 6.1 Does width rescue one layer? (predict, then train and measure)
+# 6.1 The best restart loss for any period and training range (derive)
 # --------------------------------------------------------------------------------------------
+# (period, min_period, max_period): inside, at both ends of, and far from the notebook's range
+_RESTART_CASES = ((10, 4, 12), (10, 4, 15), (6, 4, 12), (4, 4, 9), (5, 5, 11), (9, 2, 9),
+                  (7, 7, 16), (5, 2, 13))
+
+
+def _restart_reference(period: int, min_period: int, max_period: int) -> float:
+    """The Bayes-optimal loss at the restart, from ``best_possible_losses`` (which enumerates
+    the periods) on a sequence of that period: an independent route to the answer."""
+    from ..tiny_transformer import best_possible_losses, repeated_tokens
+
+    vocab = max_period + 2
+    tokens = repeated_tokens(1, period + 2, vocab, period,
+                             generator=torch.Generator().manual_seed(period))
+    return float(best_possible_losses(tokens, vocab, min_period, max_period)[0, period])
+
+
 @_checker
-def check_one_layer_experiment(train_wide_one_layer, prediction):
-    """``train_wide_one_layer()`` -> a trained 1-layer ``TinyTransformer`` with ``d_model=64``
-    and ``num_heads=4`` (or pass the trained model itself); ``prediction`` is ``"solves"`` or
-    ``"fails"``: whether its accuracy on repeated tokens reaches 0.9.
-    The checker measures that on a hidden batch (period 10)."""
-    model = _trained_model(train_wide_one_layer, "train_wide_one_layer")
-    if model.num_layers != 1:
-        raise _Wrong(f"this experiment is about one layer: num_layers=1 (got {model.num_layers}"
-                     "); two layers are the notebook's model")
-    if (model.d_model, model.num_heads) != (64, 4):
-        raise _Wrong(f"make it wider than the control: d_model=64, num_heads=4 (got d_model="
-                     f"{model.d_model}, num_heads={model.num_heads})")
-    accuracy, loss = _repeat_accuracy(model, _hidden_batch(10, 611))
-    if loss > 3.0:
-        raise _Wrong("the model looks untrained: its loss on repeated tokens is still about "
-                     "chance. Train it with train(model, 300, min_period=4, max_period=12, "
-                     "...) before returning it")
-    if prediction not in ("solves", "fails"):
-        raise _Wrong(f'set prediction to "solves" or "fails" before you train; got '
-                     f"{prediction!r}")
-    measured = "solves" if accuracy > 0.9 else "fails"
-    if prediction != measured:
-        if measured == "fails":
-            raise _Wrong("you predicted it solves the task, but it fails (repeat accuracy below "
-                         "0.9 on the hidden batch). Width gives more heads, not a second step: "
-                         "an induction head must match the current token against the *previous* "
-                         "token of each key, and only an earlier layer can write that into the "
-                         "key's position (K-composition)")
-        raise _Wrong("you predicted it fails, but this model solves the task: look at how it "
-                     "was trained (the experiment keeps the notebook's periods 4 to 12)")
-    return ("one layer fails however wide: without an earlier layer, no key carries its "
-            "previous token, so no head can look for it (K-composition needs two layers).")
+def check_restart_loss(best_restart_loss):
+    """``best_restart_loss(period, min_period, max_period)`` -> float: the lowest expected loss
+    (nats) any model can reach when it predicts the first letter of the copy, i.e. the token at
+    position ``period + 1``, in a sequence of ``period`` distinct letters repeated, when training
+    draws periods uniformly from ``min_period .. max_period`` (``min_period <= period <=
+    max_period``)."""
+    for period, lo, hi in _RESTART_CASES:
+        got = _call(best_restart_loss, period, lo, hi, name="best_restart_loss")
+        if isinstance(got, torch.Tensor) and got.numel() == 1:
+            got = got.item()
+        if isinstance(got, (bool, np.bool_)) or not isinstance(got, (int, float, np.number)):
+            raise _Wrong("best_restart_loss should return one number (a loss in nats); got "
+                         f"{type(got).__name__}")
+        got = float(got)
+        ref = _restart_reference(period, lo, hi)
+        if abs(got - ref) < 1e-6:
+            continue
+        n_left = hi - max(period, lo) + 1  # the periods still possible
+        case = f"(period {period}, periods {lo} to {hi} in training)"
+        if abs(got - 1 / n_left) < 1e-6 or abs(got - (1 - 1 / n_left)) < 1e-6:
+            raise _Wrong(f"you returned a probability {case}: the loss is the cross-entropy, "
+                         "-ln of the probability the best model gives the right letter")
+        if n_left > 1 and abs(got - math.log2(n_left)) < 1e-6:
+            raise _Wrong(f"units {case}: the course measures losses in nats (natural log), you "
+                         "used log base 2")
+        if abs(got - math.log(hi - lo + 1)) < 1e-6:
+            raise _Wrong(f"{case}: after {period} distinct letters, every period shorter than "
+                         f"{period} is ruled out (it would have repeated already); only the "
+                         "periods from there to the longest stay possible")
+        if abs(got - math.log(max(hi - period, 1))) < 1e-6 or (n_left > 1 and abs(
+                got - math.log(n_left - 1)) < 1e-6):
+            raise _Wrong(f"count the periods still possible again {case}: the period equal to "
+                         "the number of letters seen is one of them (and it is the one that "
+                         "restarts now)")
+        if abs(got - math.log(26 - period)) < 1e-6 or abs(got - (
+                math.log(26 - period) - math.log(1 - 1 / n_left) if n_left > 1 else -1)) < 1e-6:
+            raise _Wrong(f"{case}: the right letter here is the first letter again, not a new "
+                         "one: its probability is the chance that the period is exactly the "
+                         "number of letters seen")
+        if abs(got + math.log(n_left)) < 1e-6:
+            raise _Wrong(f"check the sign {case}: the loss is -ln(probability), positive")
+        raise _Wrong(f"best_restart_loss({period}, {lo}, {hi}) returned {got:.4f}; the "
+                     f"best possible loss there is {ref:.4f} nats")
+    return ("the restart costs ln(number of periods still possible): ln 3 for the notebook "
+            "(periods 10, 11, 12), and 0 when the sequence's period is the longest one in "
+            "training, where the restart is certain.")
 
 
 # --------------------------------------------------------------------------------------------
@@ -254,6 +286,7 @@ def check_position_mean_ablation(position_mean_ablate, prediction, model):
 # 6.3 K-composition: which of layer 1's inputs needs the previous-token head?
 # --------------------------------------------------------------------------------------------
 _PATHS = ("query", "key", "value")
+_BROKEN_LOSS = 0.3  # nats: a repeat loss above it counts as broken (the model reaches about 0.01)
 _PLURAL = {"query": "queries", "key": "keys", "value": "values"}
 
 
@@ -345,8 +378,9 @@ def check_k_composition(knock_out, breaks, model):
     """``knock_out(model, tokens, head, path)`` -> logits ``(B, T, vocab_size)`` of the 2-layer
     ``TinyTransformer`` ``model`` on ``tokens`` ``(B, T)`` in which layer 1 computes its
     ``path`` (``"query"``, ``"key"`` or ``"value"``) from the residual stream without the output
-    of ``head`` (a layer-0 head ``(0, h)``), and everything else as usual. ``breaks``: the path
-    you predict induction needs the previous-token head for. ``model``: the notebook's trained
+    of ``head`` (a layer-0 head ``(0, h)``), and everything else as usual. ``breaks``: the paths
+    (a list, possibly empty) whose lack of the previous-token head you predict breaks induction
+    (repeat loss above 0.3 nats). ``model``: the notebook's trained
     model, on which the checker measures all three paths (hidden batch, period 10)."""
     for seed, h, path in ((631, 1, "key"), (632, 2, "query"), (633, 0, "value")):
         net, tokens = _path_model(seed)
@@ -392,23 +426,29 @@ def check_k_composition(knock_out, breaks, model):
         ], atol=1e-4)
         raise _Wrong(f"the logits differ from the answer by up to {_maxdiff(got, ok)} (path="
                      f"{path!r}, head (0, {h}))")
-    if breaks not in _PATHS:
-        raise _Wrong(f'set breaks to "query", "key" or "value" (your prediction); got '
-                     f"{breaks!r}")
+    if isinstance(breaks, str):
+        breaks = [breaks]
+    if not isinstance(breaks, (list, tuple, set, frozenset)) or not all(
+            isinstance(p, str) and p in _PATHS for p in breaks):
+        raise _Wrong('set breaks to a list of the inputs you predict induction breaks without, '
+                     'from "query", "key" and "value" (none, one, two or all three: [] is a '
+                     f"prediction too); got {breaks!r}")
     tokens, prev = _trained_notebook_model(model, "k_composition")
     loss = {_PLURAL[p]: _repeat_loss(_ref_knock_out(model, tokens, prev, [p]), tokens)
             for p in _PATHS}
-    measured = max(_PATHS, key=lambda p: loss[_PLURAL[p]])
+    measured = {p for p in _PATHS if loss[_PLURAL[p]] > _BROKEN_LOSS}
     summary = ", ".join(f"{p} {v:.2f}" for p, v in loss.items())
-    if breaks != measured:
-        why = {"query": "the query only needs the current token, which its own embedding holds",
-               "value": "the value only needs the letter to copy, which the key position's own "
-                        "embedding holds",
-               "key": "a key must say which token came before it, and only the previous-token "
-                      "head writes that"}
-        raise _Wrong(f"you predicted {breaks}, but removing the previous-token head {prev} from "
-                     f"layer 1's inputs gives repeat losses of {summary} on the hidden batch: "
-                     f"{why[breaks]}")
+    why = {"query": "the query only needs the current token, which its own embedding holds",
+           "value": "the value only needs the letter to copy, which the key position's own "
+                    "embedding holds",
+           "key": "a key must say which token came before it, and only the previous-token "
+                  "head writes that"}
+    for p in _PATHS:
+        if (p in breaks) != (p in measured):
+            said = "breaks" if p in breaks else "survives"
+            raise _Wrong(f"you predicted induction {said} without the previous-token head {prev} "
+                         f"in layer 1's {p} input, but the repeat losses on the hidden batch are "
+                         f"{summary} (broken: above {_BROKEN_LOSS}): {why[p]}")
     return (f"repeat loss without the previous-token head in layer 1's {summary}: only the "
             "keys need it. That is K-composition.")
 

@@ -417,6 +417,9 @@ def longest(bytes_per_T_squared, budget=16 * 2**30):
 T_MAX = longest(12 * 8 * 12 * 2)  # GPT-2 small, batch 8, bfloat16
 
 
+RATIO = 112977 / 2730  # flash's longest context over naive's (both derived by hand below)
+
+
 def test_T_max_by_hand():
     # 16 GiB / (12 layers * 8 * 12 heads * 2 bytes) = 2**34 / 2304 = 7456540.4..., sqrt = 2730.67
     assert T_MAX == 2730
@@ -425,13 +428,43 @@ def test_T_max_by_hand():
 @pytest.mark.parametrize("answer", [saved_ok, saved_by_allocation])
 @pytest.mark.parametrize("T_max", [T_MAX, float(T_MAX)])
 def test_saved_bytes_correct(capsys, answer, T_max):
-    result, out = run(capsys, ex.check_attention_saved_bytes, answer, T_max)
-    assert result.passed is True and "T_max = 2730" in out, out
+    result, out = run(capsys, ex.check_attention_saved_bytes, answer, T_max, RATIO)
+    assert result.passed is True and "T_max = 2730" in out and "112977" in out, out
+
+
+def test_T_flash_by_hand():
+    # 16 GiB / (12 * 8 * 12 queries-per-T * (64 * 2 + 4) bytes) = 2**34 / 152064 = 112977.5...
+    assert 152064 * 112977 <= 2**34 < 152064 * 112978
+
+
+@pytest.mark.parametrize("ratio", [RATIO, 41.4, 2 * 2730 / 132])
+def test_context_ratio_rounded_is_fine(capsys, ratio):
+    result, out = run(capsys, ex.check_attention_saved_bytes, saved_ok, T_MAX, ratio)
+    assert result.passed is True, out
 
 
 def test_saved_bytes_T_max_missing(capsys):
     result, out = run(capsys, ex.check_attention_saved_bytes, saved_ok)
     assert result.passed is None and "now set T_max" in out, out
+
+
+def test_context_ratio_missing(capsys):
+    result, out = run(capsys, ex.check_attention_saved_bytes, saved_ok, T_MAX)
+    assert result.passed is None and "now set context_ratio" in out, out
+
+
+@pytest.mark.parametrize("ratio, hint", [
+    (2**34 // (1152 * 128) / 2730, "flash also keeps L"),
+    (2**34 // (1152 * 130) / 2730, "L is kept in float32"),
+    (2**34 // (1152 * 260) / 2730, "O is kept in the model's dtype"),
+    (RATIO**0.5, "no square root"),
+    (1 / RATIO, "naive over flash"),
+    (64.0, "is off"),
+    ("long", "should be a number"),
+])
+def test_context_ratio_wrong(capsys, ratio, hint):
+    result, out = run(capsys, ex.check_attention_saved_bytes, saved_ok, T_MAX, ratio)
+    assert result.passed is False and hint in out, out
 
 
 @pytest.mark.parametrize("T_max, hint", [

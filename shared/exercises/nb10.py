@@ -378,13 +378,14 @@ def _longest_T(per_T_squared: float, budget: float = _BUDGET) -> int:
 
 
 @_checker
-def check_attention_saved_bytes(attention_saved_bytes, T_max=None):
+def check_attention_saved_bytes(attention_saved_bytes, T_max=None, context_ratio=None):
     """Exercise 10.4: ``attention_saved_bytes(num_layers, batch, num_heads, head_dim, T,
     dtype_bytes, flash)`` returns the bytes attention itself keeps for the backward pass (beyond
     Q, K, V, which both keep): naive keeps P ``(batch, heads, T, T)`` per layer; flash keeps O
     ``(batch, heads, T, head_dim)`` and L ``(batch, heads, T)`` in float32 (4 bytes) per layer.
     ``T_max``: the longest context at which GPT-2 small (12 layers of 12 heads), batch 8, in
-    bfloat16, keeps at most 16 GiB of P."""
+    bfloat16, keeps at most 16 GiB of P. ``context_ratio``: how many times longer the longest
+    context is when flash's O and L (instead of P) may take those 16 GiB (a number)."""
     cases = [  # layers, batch, heads, head_dim, T, dtype_bytes
         (3, 5, 7, 16, 96, 2), (7, 1, 4, 32, 40, 2), (5, 2, 6, 8, 50, 4), (12, 8, 12, 64, 1024, 4),
     ]  # the first case has a distinct factor for every count, so no hint is mistaken
@@ -452,8 +453,37 @@ def check_attention_saved_bytes(attention_saved_bytes, T_max=None):
         raise _Wrong(f"T_max = {got_T:g} is not the longest context whose P fits: search for the "
                      "largest T with attention_saved_bytes(12, 8, 12, 64, T, 2, False) <= "
                      "16 * 2**30")
-    return (f"T_max = {want}: P grows like T^2, so 16 GiB buys only a little past T = 2048, "
-            "while flash's O and L at that length take a few hundred MiB")
+    rows = 12 * 8 * 12  # layers * batch * heads: one O row and one L per query of each
+    T_flash = _BUDGET // (rows * (64 * 2 + 4))
+    ratio = T_flash / want
+    if context_ratio is None:
+        raise _NotAttempted("T_max is right; now set context_ratio, how many times longer a "
+                            "context fits when flash's O and L may take the 16 GiB")
+    try:
+        got_r = float(context_ratio)
+    except (TypeError, ValueError):
+        raise _Wrong(f"context_ratio should be a number; got {context_ratio!r}") from None
+    if not (math.isfinite(got_r) and math.isclose(got_r, ratio, rel_tol=5e-3)):
+        for hint, value in (
+            ("context_ratio: flash also keeps L, one float32 per query and head: 64 * 2 + 4 "
+             "bytes per query, not 64 * 2", _BUDGET // (rows * 64 * 2) / want),
+            ("context_ratio: L is kept in float32 (4 bytes), not bfloat16",
+             _BUDGET // (rows * (64 * 2 + 2)) / want),
+            ("context_ratio: O is kept in the model's dtype, bfloat16 (2 bytes per number)",
+             _BUDGET // (rows * (64 * 4 + 4)) / want),
+            ("context_ratio: flash's memory is linear in T, so solve rows * T * (bytes per "
+             "query) <= 16 GiB with no square root", math.sqrt(ratio)),
+            ("context_ratio: that is naive over flash; the question is flash's longest context "
+             "divided by T_max", 1 / ratio),
+        ):
+            if math.isclose(got_r, value, rel_tol=5e-3):
+                raise _Wrong(hint)
+        raise _Wrong(f"context_ratio = {got_r:g} is off: find flash's longest context, the "
+                     "largest T with attention_saved_bytes(12, 8, 12, 64, T, 2, True) <= 16 GiB, "
+                     "and divide it by T_max")
+    return (f"T_max = {want}, and flash fits T = {T_flash}, {ratio:.1f} times longer: not a "
+            "fixed factor but 2 * T_max / (64 * 2 + 4), since naive's context grows like the "
+            "square root of the budget and flash's like the budget itself")
 
 
 # --------------------------------------------------------------------------------------------

@@ -113,8 +113,19 @@ def temperature_ignores_flat_rows(Q, K, V, dO, tau):
 
 @pytest.mark.parametrize("answer", [temperature_ok, temperature_finite_difference])
 def test_temperature_correct(capsys, answer):
-    result, out = run(capsys, ex.check_temperature_grad, answer)
+    result, out = run(capsys, ex.check_temperature_grad, answer, 0.0)
     assert result.passed is True and "it is 0" in out, out
+
+
+def test_temperature_prediction_missing(capsys):
+    result, out = run(capsys, ex.check_temperature_grad, temperature_ok)
+    assert result.passed is None and "predicted_equal_keys_grad" in out, out
+
+
+@pytest.mark.parametrize("prediction", [1.0, -0.5, float("nan"), "zero"])
+def test_temperature_prediction_wrong(capsys, prediction):
+    result, out = run(capsys, ex.check_temperature_grad, temperature_ok, prediction)
+    assert result.passed is False and "predicted" in out, out
 
 
 def test_temperature_equal_keys_case_is_zero():
@@ -271,14 +282,49 @@ def backward_whole_matrix(Q, K, V, O, L, dO, block_size, causal):
 @pytest.mark.parametrize("answer", [make_backward(), make_backward(start="zero"),
                                     backward_whole_matrix])
 def test_fixed_backward_correct(capsys, answer):
-    result, out = run(capsys, ex.check_fixed_backward, answer)
+    result, out = run(capsys, ex.check_fixed_backward, answer, list(range(10)), [0, 4, 8])
     assert result.passed is True, out
+
+
+def test_bug_rows_by_hand():
+    """The exercise's bug (dS masked, P not), written for the tests, against autograd: dQ is right
+    everywhere; dV only in the first row of each key block (no earlier query in its diagonal tile),
+    the rows derived by hand."""
+    gen = torch.Generator().manual_seed(11)
+    Q, K, V, dO = (torch.randn(2, 10, 16, generator=gen, dtype=torch.float64) for _ in range(4))
+    S = (Q @ K.transpose(1, 2) / 4).masked_fill(~torch.ones(10, 10, dtype=torch.bool).tril(),
+                                                 float("-inf"))
+    L = torch.logsumexp(S, dim=-1)
+    O = torch.softmax(S, dim=-1) @ V
+    bug = make_backward(mask="dS")(Q, K, V, O, L, dO, 4, True)
+    ok = backward_whole_matrix(Q, K, V, O, L, dO, 4, True)
+    rows = [[t for t in range(10) if torch.allclose(b[:, t], r[:, t], atol=1e-10)]
+            for b, r in ((bug[0], ok[0]), (bug[2], ok[2]))]
+    assert rows == [list(range(10)), [0, 4, 8]]
+    assert ex._bug_rows() == rows
+
+
+def test_fixed_backward_predictions_missing(capsys):
+    result, out = run(capsys, ex.check_fixed_backward, backward_whole_matrix, None, [0, 4, 8])
+    assert result.passed is None and "predicted_dQ_rows" in out, out
+
+
+@pytest.mark.parametrize("dQ_rows, dV_rows, hint", [
+    ([0, 4, 8], list(range(10)), "swapped"),
+    ([3, 7, 9], [0, 4, 8], "predicted_dQ_rows is off"),
+    (list(range(10)), [3, 7, 9], "predicted_dV_rows is off"),
+    (list(range(10)), list(range(10)), "predicted_dV_rows is off"),
+    ("all", [0, 4, 8], "should be a list of row numbers"),
+])
+def test_fixed_backward_predictions_wrong(capsys, dQ_rows, dV_rows, hint):
+    result, out = run(capsys, ex.check_fixed_backward, backward_whole_matrix, dQ_rows, dV_rows)
+    assert result.passed is False and hint in out, out
 
 
 @pytest.mark.parametrize("answer, hint", [
     (make_backward(mask="none"), "inside the tile on the diagonal"),
     (make_backward(mask="self"), "a query may attend to itself"),
-    (make_backward(mask="dS"), "mask P itself, not only dS"),
+    (make_backward(mask="dS"), "the weights still see the future"),
     (make_backward(start="zero", diagonal_only=True), "tiles above the diagonal"),
     (make_backward(mask="always"), "with causal=False there is no mask"),
     (make_backward(ignore_causal=True), "use the causal argument"),
@@ -371,6 +417,9 @@ def longest(bytes_per_T_squared, budget=16 * 2**30):
 T_MAX = longest(12 * 8 * 12 * 2)  # GPT-2 small, batch 8, bfloat16
 
 
+RATIO = 112977 / 2730  # flash's longest context over naive's (both derived by hand below)
+
+
 def test_T_max_by_hand():
     # 16 GiB / (12 layers * 8 * 12 heads * 2 bytes) = 2**34 / 2304 = 7456540.4..., sqrt = 2730.67
     assert T_MAX == 2730
@@ -379,13 +428,43 @@ def test_T_max_by_hand():
 @pytest.mark.parametrize("answer", [saved_ok, saved_by_allocation])
 @pytest.mark.parametrize("T_max", [T_MAX, float(T_MAX)])
 def test_saved_bytes_correct(capsys, answer, T_max):
-    result, out = run(capsys, ex.check_attention_saved_bytes, answer, T_max)
-    assert result.passed is True and "T_max = 2730" in out, out
+    result, out = run(capsys, ex.check_attention_saved_bytes, answer, T_max, RATIO)
+    assert result.passed is True and "T_max = 2730" in out and "112977" in out, out
+
+
+def test_T_flash_by_hand():
+    # 16 GiB / (12 * 8 * 12 queries-per-T * (64 * 2 + 4) bytes) = 2**34 / 152064 = 112977.5...
+    assert 152064 * 112977 <= 2**34 < 152064 * 112978
+
+
+@pytest.mark.parametrize("ratio", [RATIO, 41.4, 2 * 2730 / 132])
+def test_context_ratio_rounded_is_fine(capsys, ratio):
+    result, out = run(capsys, ex.check_attention_saved_bytes, saved_ok, T_MAX, ratio)
+    assert result.passed is True, out
 
 
 def test_saved_bytes_T_max_missing(capsys):
     result, out = run(capsys, ex.check_attention_saved_bytes, saved_ok)
     assert result.passed is None and "now set T_max" in out, out
+
+
+def test_context_ratio_missing(capsys):
+    result, out = run(capsys, ex.check_attention_saved_bytes, saved_ok, T_MAX)
+    assert result.passed is None and "now set context_ratio" in out, out
+
+
+@pytest.mark.parametrize("ratio, hint", [
+    (2**34 // (1152 * 128) / 2730, "flash also keeps L"),
+    (2**34 // (1152 * 130) / 2730, "L is kept in float32"),
+    (2**34 // (1152 * 260) / 2730, "O is kept in the model's dtype"),
+    (RATIO**0.5, "no square root"),
+    (1 / RATIO, "naive over flash"),
+    (64.0, "is off"),
+    ("long", "should be a number"),
+])
+def test_context_ratio_wrong(capsys, ratio, hint):
+    result, out = run(capsys, ex.check_attention_saved_bytes, saved_ok, T_MAX, ratio)
+    assert result.passed is False and hint in out, out
 
 
 @pytest.mark.parametrize("T_max, hint", [

@@ -63,10 +63,12 @@ def _no_autograd_hint(fn, *args, name: str):
 # 10.1 The gradient of a temperature
 # --------------------------------------------------------------------------------------------
 @_checker
-def check_temperature_grad(temperature_grad):
+def check_temperature_grad(temperature_grad, predicted_equal_keys_grad=None):
     """Exercise 10.1: ``temperature_grad(Q, K, V, dO, tau)`` returns ``dLoss/dtau`` (a number)
     for ``O = softmax(Q K^T / (tau sqrt(d))) V`` and a loss whose gradient with respect to O is
-    ``dO``. Shapes: Q, K ``(B, T, d)``, V and dO ``(B, T, d_v)``; tau a positive float."""
+    ``dO``. Shapes: Q, K ``(B, T, d)``, V and dO ``(B, T, d_v)``; tau a positive float.
+    ``predicted_equal_keys_grad``: the learner's prediction (a number) of what it returns when
+    every key is the same vector, made before coding."""
     cases = [(2, 5, 4, 3, 0.7), (1, 6, 8, 2, 2.0), (3, 4, 2, 5, 1.6)]  # B, T, d, d_v, tau
     cases.append((2, 5, 3, 3, 1.3))  # last: every key the same vector (the prediction)
     for case, (B, T, d, d_v, tau) in enumerate(cases):
@@ -112,6 +114,18 @@ def check_temperature_grad(temperature_grad):
         raise _Wrong(f"for B = {B}, T = {T}, d = {d}, tau = {tau} you returned {got:.4f}; "
                      f"expected {ref:.4f}: write S as S0/tau and apply the chain rule, "
                      "dLoss/dtau = sum(dS * dS/dtau)")
+    if predicted_equal_keys_grad is None:
+        raise _NotAttempted("temperature_grad is right; now set predicted_equal_keys_grad to "
+                            "your prediction for equal keys and run the cell again")
+    try:
+        guess = float(predicted_equal_keys_grad)
+    except (TypeError, ValueError):
+        raise _Wrong("predicted_equal_keys_grad should be a number; got "
+                     f"{predicted_equal_keys_grad!r}") from None
+    if not math.isfinite(guess) or abs(guess) > 1e-6:
+        raise _Wrong(f"temperature_grad is right, but you predicted {guess:g} for equal keys: "
+                     "call it with every key the same vector and look at one row of S, "
+                     "then at what a row of dS adds up to")
     return ("dLoss/dtau = -sum(dS * S) / tau; with equal keys every row of S is a constant and "
             "every row of dS sums to 0, so it is 0: no temperature changes a flat row")
 
@@ -229,16 +243,19 @@ _CAUSAL_HINTS = (
      "j > query i, not j >= i"),
     ("from_zero", "the tiles above the diagonal (key block after the query block) are all "
      "future: skip them (start the inner loop at the diagonal) or mask them as well"),
-    ("dS_only", "dV is wrong while dQ and dK are right: dV = P^T dO uses the weights too, so mask "
-     "P itself, not only dS"),
+    ("dS_only", "dV is wrong while dQ and dK are right: dV = P^T dO is built from the weights, "
+     "not from dS, and in the tile on the diagonal the weights still see the future"),
 )
 
 
 @_checker
-def check_fixed_backward(fixed_backward):
+def check_fixed_backward(fixed_backward, predicted_dQ_rows=None, predicted_dV_rows=None):
     """Exercise 10.3: ``fixed_backward(Q, K, V, O, L, dO, block_size, causal)`` returns ``(dQ,
     dK, dV)``, recomputing P tile by tile from L, with or without the causal mask. Shapes: Q
-    ``(N, T, d)``, K ``(N, T, d)``, V, O, dO ``(N, T, d_v)``, L ``(N, T)``."""
+    ``(N, T, d)``, K ``(N, T, d)``, V, O, dO ``(N, T, d_v)``, L ``(N, T)``.
+    ``predicted_dQ_rows``, ``predicted_dV_rows``: the learner's predictions (lists of 0-based
+    rows) of which rows of the buggy version's dQ and dV match autograd (causal, T = 10, blocks
+    of 4), made before running it."""
     cases = [  # N, T, d, d_v, block_size, causal: blocks that do not divide T, one block > T
         (2, 7, 4, 3, 3, False), (2, 10, 4, 3, 4, True), (1, 11, 16, 4, 4, True),
         (3, 5, 9, 2, 8, True), (2, 9, 5, 3, 3, True),
@@ -296,8 +313,52 @@ def check_fixed_backward(fixed_backward):
                 raise _Wrong(f"{name} is off by up to {_maxdiff(g, r)} while dV is right {where}:"
                              f" check the line that accumulates {name} (dQ_i += dS K_j / sqrt(d),"
                              " dK_j += dS^T Q_i / sqrt(d))")
+    _check_bug_rows(predicted_dQ_rows, predicted_dV_rows)
     return ("every gradient matches autograd, with and without the causal mask, blocks that do "
-            "not divide T included")
+            "not divide T included; the bug only leaks the future into dV, in every row but the "
+            "first of each key block")
+
+
+def _bug_rows() -> tuple[list[int], list[int]]:
+    """Rows of dQ and dV that the exercise's bug (dS masked, P not) gets right, measured on a
+    hidden case with the exercise's sizes (causal, T = 10, blocks of 4) against autograd."""
+    gen = torch.Generator().manual_seed(1039)
+    N, T, d, block = 2, 10, 16, 4
+    Q, K, V, dO = (_randn(gen, N, T, d) for _ in range(4))
+    allowed = torch.ones(T, T, dtype=torch.bool).tril()
+    q, k, v = (x.clone().requires_grad_() for x in (Q, K, V))
+    S = (q @ k.transpose(-2, -1) / math.sqrt(d)).masked_fill(~allowed, float("-inf"))
+    L = torch.logsumexp(S.detach(), dim=-1)
+    O = torch.softmax(S, dim=-1) @ v
+    refs = [g.numpy() for g in torch.autograd.grad(O, (q, k, v), dO)]
+    bug = _tiled_backward(Q, K, V, O.detach(), L, dO, block, True, "dS_only")
+    return [[t for t in range(T) if np.abs(g[:, t] - r[:, t]).max() < 1e-10]
+            for g, r in ((bug[0], refs[0]), (bug[2], refs[2]))]
+
+
+def _check_bug_rows(predicted_dQ_rows, predicted_dV_rows) -> None:
+    if predicted_dQ_rows is None or predicted_dV_rows is None:
+        raise _NotAttempted("fixed_backward is right; now set predicted_dQ_rows and "
+                            "predicted_dV_rows to your predictions and run the cell again")
+    guesses = []
+    for name, rows in (("predicted_dQ_rows", predicted_dQ_rows),
+                       ("predicted_dV_rows", predicted_dV_rows)):
+        try:
+            guesses.append(sorted({int(r) for r in rows}))
+        except (TypeError, ValueError):
+            raise _Wrong(f"{name} should be a list of row numbers (0-based, 0 to 9); got "
+                         f"{rows!r}") from None
+    want_dQ, want_dV = _bug_rows()
+    if guesses[0] == want_dV and guesses[1] == want_dQ:
+        raise _Wrong("fixed_backward is right, but your two predictions are swapped: which "
+                     "gradient is built from P alone, without dS?")
+    if guesses[0] != want_dQ:
+        raise _Wrong("fixed_backward is right, but predicted_dQ_rows is off: the bug masks dS, "
+                     "and dQ is built from dS and K only; run the buggy cell to see")
+    if guesses[1] != want_dV:
+        raise _Wrong("fixed_backward is right, but predicted_dV_rows is off: dV row j collects "
+                     "P[i, j] dO[i] from the queries i of the tiles it meets, and in the tile on "
+                     "the diagonal P is not masked; run the buggy cell to see")
 
 
 # --------------------------------------------------------------------------------------------
@@ -317,13 +378,14 @@ def _longest_T(per_T_squared: float, budget: float = _BUDGET) -> int:
 
 
 @_checker
-def check_attention_saved_bytes(attention_saved_bytes, T_max=None):
+def check_attention_saved_bytes(attention_saved_bytes, T_max=None, context_ratio=None):
     """Exercise 10.4: ``attention_saved_bytes(num_layers, batch, num_heads, head_dim, T,
     dtype_bytes, flash)`` returns the bytes attention itself keeps for the backward pass (beyond
     Q, K, V, which both keep): naive keeps P ``(batch, heads, T, T)`` per layer; flash keeps O
     ``(batch, heads, T, head_dim)`` and L ``(batch, heads, T)`` in float32 (4 bytes) per layer.
     ``T_max``: the longest context at which GPT-2 small (12 layers of 12 heads), batch 8, in
-    bfloat16, keeps at most 16 GiB of P."""
+    bfloat16, keeps at most 16 GiB of P. ``context_ratio``: how many times longer the longest
+    context is when flash's O and L (instead of P) may take those 16 GiB (a number)."""
     cases = [  # layers, batch, heads, head_dim, T, dtype_bytes
         (3, 5, 7, 16, 96, 2), (7, 1, 4, 32, 40, 2), (5, 2, 6, 8, 50, 4), (12, 8, 12, 64, 1024, 4),
     ]  # the first case has a distinct factor for every count, so no hint is mistaken
@@ -391,8 +453,37 @@ def check_attention_saved_bytes(attention_saved_bytes, T_max=None):
         raise _Wrong(f"T_max = {got_T:g} is not the longest context whose P fits: search for the "
                      "largest T with attention_saved_bytes(12, 8, 12, 64, T, 2, False) <= "
                      "16 * 2**30")
-    return (f"T_max = {want}: P grows like T^2, so 16 GiB buys only a little past T = 2048, "
-            "while flash's O and L at that length take a few hundred MiB")
+    rows = 12 * 8 * 12  # layers * batch * heads: one O row and one L per query of each
+    T_flash = _BUDGET // (rows * (64 * 2 + 4))
+    ratio = T_flash / want
+    if context_ratio is None:
+        raise _NotAttempted("T_max is right; now set context_ratio, how many times longer a "
+                            "context fits when flash's O and L may take the 16 GiB")
+    try:
+        got_r = float(context_ratio)
+    except (TypeError, ValueError):
+        raise _Wrong(f"context_ratio should be a number; got {context_ratio!r}") from None
+    if not (math.isfinite(got_r) and math.isclose(got_r, ratio, rel_tol=5e-3)):
+        for hint, value in (
+            ("context_ratio: flash also keeps L, one float32 per query and head: 64 * 2 + 4 "
+             "bytes per query, not 64 * 2", _BUDGET // (rows * 64 * 2) / want),
+            ("context_ratio: L is kept in float32 (4 bytes), not bfloat16",
+             _BUDGET // (rows * (64 * 2 + 2)) / want),
+            ("context_ratio: O is kept in the model's dtype, bfloat16 (2 bytes per number)",
+             _BUDGET // (rows * (64 * 4 + 4)) / want),
+            ("context_ratio: flash's memory is linear in T, so solve rows * T * (bytes per "
+             "query) <= 16 GiB with no square root", math.sqrt(ratio)),
+            ("context_ratio: that is naive over flash; the question is flash's longest context "
+             "divided by T_max", 1 / ratio),
+        ):
+            if math.isclose(got_r, value, rel_tol=5e-3):
+                raise _Wrong(hint)
+        raise _Wrong(f"context_ratio = {got_r:g} is off: find flash's longest context, the "
+                     "largest T with attention_saved_bytes(12, 8, 12, 64, T, 2, True) <= 16 GiB, "
+                     "and divide it by T_max")
+    return (f"T_max = {want}, and flash fits T = {T_flash}, {ratio:.1f} times longer: not a "
+            "fixed factor but 2 * T_max / (64 * 2 + 4), since naive's context grows like the "
+            "square root of the budget and flash's like the budget itself")
 
 
 # --------------------------------------------------------------------------------------------

@@ -389,7 +389,8 @@ def check_sink_ring_cache(SinkRingCache):
                         Q[:, :, p:p + 1], K, V, allowed[p:p + 1])):
                     raise _Wrong(f"{hint} {what}")
             if kept == sinks + window and p + 1 < sinks + window:
-                raise _Wrong(f"after only {p + 1} tokens the cache returned all {kept} slots: the "
+                tokens = f"{p + 1} token" + ("s" if p else "")
+                raise _Wrong(f"after only {tokens} the cache returned all {kept} slots: the "
                              "slots not written yet (zeros) would get weight in the softmax; "
                              f"return only the filled ones {what}")
             raise _Wrong(f"at position {p}, attention over the tokens your cache returned differs "

@@ -234,36 +234,79 @@ class RingStub:
 
 
 # 8.4 ------------------------------------------------------------------------------------------
-def crossover_ok(config, num_params, batch_size=1, cache_dtype=torch.bfloat16, weight_dtype=torch.bfloat16):
-    per_token = bytes_ok(config, 1, batch_size, cache_dtype)
-    return num_params * esize(weight_dtype) // per_token + 1
+def pad_ok(attention_mask, T_new):
+    """Written from the definition: count each row's real tokens; a query sees the real keys at or
+    before its own column."""
+    m = attention_mask.long()
+    B, T_k = m.shape
+    positions = (m.cumsum(dim=1) - 1)[:, T_k - T_new:]
+    cols = torch.arange(T_k - T_new, T_k)
+    causal = torch.arange(T_k)[None, :] <= cols[:, None]  # (T_new, T_k), bottom-right
+    return positions, (causal[None] & m.bool()[:, None, :])[:, None]
 
 
-def crossover_equal(config, num_params, batch_size=1, cache_dtype=torch.bfloat16, weight_dtype=torch.bfloat16):
-    return crossover_ok(config, num_params, batch_size, cache_dtype, weight_dtype) - 1
+def pad_loops(attention_mask, T_new):
+    """The same with plain loops, padding queries given only themselves (no empty rows)."""
+    m = attention_mask.tolist()
+    B, T_k = len(m), len(m[0])
+    positions = torch.zeros(B, T_new, dtype=torch.long)
+    allowed = torch.zeros(B, 1, T_new, T_k, dtype=torch.bool)
+    for b in range(B):
+        for i in range(T_new):
+            c = T_k - T_new + i
+            positions[b, i] = sum(m[b][:c])
+            for j in range(c + 1):
+                allowed[b, 0, i, j] = bool(m[b][j]) or (j == c and not m[b][c])
+    return positions, allowed
 
 
-def crossover_two_bytes(config, num_params, batch_size=1, cache_dtype=torch.bfloat16, weight_dtype=torch.bfloat16):
-    return crossover_ok(config, num_params, batch_size)
+def pad_columns(attention_mask, T_new):
+    _, allowed = pad_ok(attention_mask, T_new)
+    T_k = attention_mask.shape[1]
+    return torch.arange(T_k - T_new, T_k).expand(attention_mask.shape[0], T_new), allowed
 
 
-def crossover_params_not_bytes(config, num_params, batch_size=1, cache_dtype=torch.bfloat16,
-                               weight_dtype=torch.bfloat16):
-    return num_params // bytes_ok(config, 1, batch_size, cache_dtype) + 1
+def pad_from_one(attention_mask, T_new):
+    positions, allowed = pad_ok(attention_mask, T_new)
+    return positions + 1, allowed
 
 
-def crossover_no_batch(config, num_params, batch_size=1, cache_dtype=torch.bfloat16, weight_dtype=torch.bfloat16):
-    return crossover_ok(config, num_params, 1, cache_dtype, weight_dtype)
+def pad_restart(attention_mask, T_new):
+    _, allowed = pad_ok(attention_mask, T_new)
+    return torch.arange(T_new).expand(attention_mask.shape[0], T_new), allowed
 
 
-def crossover_float(config, num_params, batch_size=1, cache_dtype=torch.bfloat16, weight_dtype=torch.bfloat16):
-    return num_params * esize(weight_dtype) / bytes_ok(config, 1, batch_size, cache_dtype)
+def pad_causal_only(attention_mask, T_new):
+    positions, _ = pad_ok(attention_mask, T_new)
+    return positions, causal_mask(T_new, attention_mask.shape[1]).expand(attention_mask.shape[0], 1, -1, -1)
 
 
-def crossover_query_heads(config, num_params, batch_size=1, cache_dtype=torch.bfloat16,
-                          weight_dtype=torch.bfloat16):
-    per_token = bytes_query_heads(config, 1, batch_size, cache_dtype)
-    return num_params * esize(weight_dtype) // per_token + 1
+def pad_is_causal(attention_mask, T_new):
+    positions, _ = pad_ok(attention_mask, T_new)
+    top_left = causal_mask(T_new, attention_mask.shape[1], align="top_left")
+    return positions, top_left[None, None] & attention_mask.bool()[:, None, None, :]
+
+
+def pad_no_causal(attention_mask, T_new):
+    positions, _ = pad_ok(attention_mask, T_new)
+    return positions, attention_mask.bool()[:, None, None, :].expand(-1, 1, T_new, -1)
+
+
+def pad_inverted(attention_mask, T_new):
+    positions, _ = pad_ok(attention_mask, T_new)
+    T_k = attention_mask.shape[1]
+    causal = causal_mask(T_new, T_k)
+    return positions, causal[None, None] & ~attention_mask.bool()[:, None, None, :]
+
+
+def pad_three_dims(attention_mask, T_new):
+    positions, allowed = pad_ok(attention_mask, T_new)
+    return positions, allowed[:, 0]
+
+
+def pad_float(attention_mask, T_new):
+    positions, allowed = pad_ok(attention_mask, T_new)
+    return positions, torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -275,11 +318,11 @@ CASES = [
     (C.check_llama_step_fix, (step_list,), True, OK),
     (C.check_llama_step_fix, (stub,), None, NA),
     (C.check_llama_step_fix, (stub_raises,), None, NA),
-    (C.check_llama_step_fix, (step_as_given,), False, "as if each pass started the text again"),
-    (C.check_llama_step_fix, (step_positions_only,), False, "Tensor.repeat cycles"),
-    (C.check_llama_step_fix, (step_heads_only,), False, "K_cache.shape[2] + torch.arange(T_new)"),
+    (C.check_llama_step_fix, (step_as_given,), False, "differ from the first pass after it on"),
+    (C.check_llama_step_fix, (step_positions_only,), False, "which key/value head each query head reads"),
+    (C.check_llama_step_fix, (step_heads_only,), False, "tokens already in the cache"),
     (C.check_llama_step_fix, (step_after,), False, "cached BEFORE this pass"),
-    (C.check_llama_step_fix, (step_q_only,), False, "new keys are still rotated"),
+    (C.check_llama_step_fix, (step_q_only,), False, "but the new keys are not"),
     (C.check_llama_step_fix, (step_is_causal,), False, "aligned top-left"),
     (C.check_llama_step_fix, (step_no_mask,), False, "see the pass's later tokens"),
     (C.check_llama_step_fix, (step_repeated_cache,), False, "cache the 2 key/value heads"),
@@ -288,9 +331,14 @@ CASES = [
     (C.check_cache_bytes, (bytes_ok, 3.5), True, "1 GiB"),
     (C.check_cache_bytes, (stub, 3.5), None, NA),
     (C.check_cache_bytes, (bytes_ok, None), None, "gemma_7b_gib is still None"),
-    (C.check_cache_bytes, (bytes_ok, 2.625), True, "192 dimensions per head"),
+    (C.check_cache_bytes, (bytes_ok, 2.625), False, "192 dimensions per head"),
     (C.check_cache_bytes, (bytes_ok, 3.5), True, "as you predicted"),
-    (C.check_cache_bytes, (bytes_ok, 7), True, "you predicted 7 GiB"),
+    (C.check_cache_bytes, (bytes_ok, 3.49), True, "as you predicted"),
+    (C.check_cache_bytes, (bytes_ok, 7), False, "takes 2 bytes"),
+    (C.check_cache_bytes, (bytes_ok, 1.75), False, "keys AND values"),
+    (C.check_cache_bytes, (bytes_ok, 3.758), False, "a GiB is 2^30 bytes"),
+    (C.check_cache_bytes, (bytes_ok, 0.125), False, "one layer's cache"),
+    (C.check_cache_bytes, (bytes_ok, 5), False, "0.7 times it"),
     (C.check_cache_bytes, (bytes_ok, "3.5"), False, "should be a number of GiB"),
     (C.check_cache_bytes, (bytes_no_two, 3.5), False, "keys AND values"),
     (C.check_cache_bytes, (bytes_query_heads, 3.5), False, "use num_key_value_heads"),
@@ -308,14 +356,18 @@ CASES = [
     (C.check_sink_ring_cache, (RingNoSinks,), False, "they are never evicted"),
     (C.check_sink_ring_cache, (RingShort,), False, "one recent token too few"),
     (C.check_sink_ring_cache, (RingAllSlots,), False, "slots not written yet"),
-    (C.check_crossover_context, (crossover_ok,), True, "7,659 tokens for a batch of 16"),
-    (C.check_crossover_context, (stub,), None, NA),
-    (C.check_crossover_context, (crossover_equal,), False, "floor(weights / per token) + 1"),
-    (C.check_crossover_context, (crossover_two_bytes,), False, "do not assume 2"),
-    (C.check_crossover_context, (crossover_params_not_bytes,), False, "counts parameters, not bytes"),
-    (C.check_crossover_context, (crossover_no_batch,), False, "grows with batch_size"),
-    (C.check_crossover_context, (crossover_float,), False, "whole number of tokens"),
-    (C.check_crossover_context, (crossover_query_heads,), False, "use num_key_value_heads"),
+    (C.check_left_padding, (pad_ok,), True, "it would have alone"),
+    (C.check_left_padding, (pad_loops,), True, OK),
+    (C.check_left_padding, (stub,), None, NA),
+    (C.check_left_padding, (pad_columns,), False, "count their padding"),
+    (C.check_left_padding, (pad_from_one,), False, "one too large"),
+    (C.check_left_padding, (pad_restart,), False, "numbered from 0 in every pass"),
+    (C.check_left_padding, (pad_causal_only,), False, "attend to the padding tokens"),
+    (C.check_left_padding, (pad_is_causal,), False, "aligned top-left"),
+    (C.check_left_padding, (pad_no_causal,), False, "keep the causal part"),
+    (C.check_left_padding, (pad_inverted,), False, "keeps the padding and masks the text"),
+    (C.check_left_padding, (pad_three_dims,), False, "no head dimension"),
+    (C.check_left_padding, (pad_float,), False, "boolean mask"),
 ]
 
 
@@ -442,13 +494,63 @@ def test_reference_solutions_agree_with_independent_facts():
         K_ring, _ = ring.update(k, k)
         cache.update(k, k)
         assert sorted(K_ring.flatten().tolist()) == cache.K.flatten().tolist()
-    # Llama-3-8B: 8,030,261,248 parameters (its model card: 8.03B), 128 KiB of cache per token
-    # in 16 bits; the weights take 16,060,522,496 bytes = 122,532.6 tokens of one sequence
-    llama3 = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096}
-    n = 2 * 128256 * 4096 + 32 * (2 * 4096**2 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096) + 4096
-    assert n == 8_030_261_248
-    assert crossover_ok(llama3, n) == 122_533 and crossover_ok(llama3, n, batch_size=16) == 7_659
-    assert kv_cache_bytes(32, 8, 128, T=7659, batch_size=16) > 2 * n > kv_cache_bytes(32, 8, 128, T=7658, batch_size=16)
+
+
+def test_left_padding_solution_equals_each_sequence_alone():
+    """A padded batch, prefill + a chunk + decode steps through plain-tensor caches with pad_ok's
+    positions and mask, gives each real token the output LlamaStyleAttention gives its sequence
+    alone; with plain column positions and no padding mask it does not."""
+    torch.manual_seed(0)
+    layer = LlamaStyleAttention(24, num_heads=6, num_kv_heads=2).double().eval()
+    lengths, extra = (5, 2, 4), 4  # prompt lengths; then a chunk of 2 and 2 decode steps
+    width = max(lengths)
+    xs = [torch.randn(1, n + extra, 24, dtype=torch.float64) for n in lengths]
+    x = torch.zeros(3, width + extra, 24, dtype=torch.float64)
+    mask = torch.zeros(3, width + extra, dtype=torch.long)
+    for b, n in enumerate(lengths):
+        x[b, width - n:] = xs[b][0]
+        mask[b, width - n:] = 1
+
+    def run(step):
+        H, H_kv, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
+        K = V = torch.zeros(3, H_kv, 0, d, dtype=torch.float64)
+        outs = []
+        for a, b in ((0, width), (width, width + 2), (width + 2, width + 3), (width + 3, width + 4)):
+            positions, allowed = step(mask[:, :b], b - a)
+            xb = x[:, a:b]
+            Q = _split(layer, layer.q_proj(xb), H)
+            k = _split(layer, layer.k_proj(xb), H_kv)
+            Q = torch.stack([apply_rope(Q[i], positions[i], layer.rope_base) for i in range(3)])
+            k = torch.stack([apply_rope(k[i], positions[i], layer.rope_base) for i in range(3)])
+            K, V = torch.cat([K, k], dim=2), torch.cat([V, _split(layer, layer.v_proj(xb), H_kv)], dim=2)
+            ctx = F.scaled_dot_product_attention(Q, K, V, attn_mask=allowed, enable_gqa=True)
+            outs.append(layer.o_proj(ctx.transpose(1, 2).reshape(3, b - a, H * d)))
+        return torch.cat(outs, dim=1)
+
+    with torch.no_grad():
+        alone = [layer(xs[b])[0] for b in range(3)]
+        right, wrong = run(pad_loops), run(lambda m, T_new: (pad_columns(m, T_new)[0],
+                                                             pad_causal_only(m, T_new)[1]))
+    for b, n in enumerate(lengths):
+        assert torch.allclose(right[b, width - n:], alone[b])
+        if n < width:
+            assert not torch.allclose(wrong[b, width - n:], alone[b])
+
+
+def test_left_padding_mistakes_are_told_apart_on_the_hidden_cases():
+    """The hinted position mistakes differ from each other and from the right positions on the
+    real tokens of the hidden cases; so do the hinted mask mistakes."""
+    runs = [(m[:, :b], b - a) for m, passes, _ in nb08._pad_cases() for a, b in passes]
+
+    def real_rows(index, **flags):
+        return [nb08._pad_reference(m, T, **flags)[index][m[:, -T:] == 1].tolist() for m, T in runs]
+
+    positions = [real_rows(0, positions=k) for k in ("ok", "cols", "one", "zero")]
+    combos = [c for c in itertools.product(*nb08._PAD_OPTIONS.values()) if c != ("inverted", "none")]
+    masks = [real_rows(1, **dict(zip(nb08._PAD_OPTIONS, c, strict=True))) for c in combos]
+    for group in (positions, masks):
+        for u, v in itertools.combinations(group, 2):
+            assert u != v
 
 
 def test_checkers_leave_the_global_random_state_alone(capsys):

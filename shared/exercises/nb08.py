@@ -25,7 +25,7 @@ __all__ = [
     "check_llama_step_fix",
     "check_cache_bytes",
     "check_sink_ring_cache",
-    "check_crossover_context",
+    "check_left_padding",
 ]
 
 
@@ -49,27 +49,22 @@ def _tril(T_q, T_k, diagonal):
 # Key/value heads for the query heads: "ok" (interleaved, h // g) or "cycle" (Tensor.repeat:
 # the planted bug). Mask: "ok" (bottom-right), "top_left" (is_causal=True), "none".
 _STEP_HINTS = {
-    ("pos", "zero"): "the new tokens are rotated at positions 0 .. T_new-1 in every pass, as if "
-                     "each pass started the text again: a token's position is the number of "
-                     "tokens cached before it plus its place in the pass, K_cache.shape[2] + "
-                     "torch.arange(T_new) (a prefill from an empty cache cannot show this)",
-    ("pos", "after"): "the positions start at the number of tokens cached BEFORE this pass: take "
-                      "K_cache.shape[2] before appending the new keys",
-    ("pos", "q_only"): "the queries are rotated at the right positions but the new keys are "
-                       "still rotated at 0 .. T_new-1: rotate both at K_cache.shape[2] + "
-                       "torch.arange(T_new)",
-    ("pos", "k_only"): "the new keys are rotated at the right positions but the queries are "
-                       "still rotated at 0 .. T_new-1: rotate both at K_cache.shape[2] + "
-                       "torch.arange(T_new)",
-    ("heads", "cycle"): "Tensor.repeat cycles the key/value heads (0, 1, 0, 1, ...), so query "
-                        "head h reads head h % H_kv; it must read head h // g, g = H // H_kv: "
-                        "repeat_interleave(g, dim=1) (or F.scaled_dot_product_attention(..., "
-                        "enable_gqa=True) on the H_kv heads)",
+    ("pos", "zero"): "the outputs equal the layer's in the prefill but differ from the first pass "
+                     "after it on: which quantity is different for a pass that starts with tokens "
+                     "already in the cache than for a prefill from an empty one?",
+    ("pos", "after"): "the new tokens are rotated at positions one pass too far: count the tokens "
+                      "that were cached BEFORE this pass",
+    ("pos", "q_only"): "the queries are rotated at the right positions but the new keys are not: "
+                       "a token's query and key sit at the same position",
+    ("pos", "k_only"): "the new keys are rotated at the right positions but the queries are not: "
+                       "a token's query and key sit at the same position",
+    ("heads", "cycle"): "with grouped-query heads (H_kv < H) the outputs differ already in the "
+                        "prefill: write down which key/value head each query head reads in your "
+                        "code, and which one it should read (heads 0 .. g-1 share one group)",
     ("mask", "top_left"): "the mask is aligned top-left (is_causal=True): new query i sits at "
-                          "position T + i and may see keys j <= T + i; use the bottom-right "
-                          "causal_mask(T_new, T + T_new)",
+                          "position T + i and may see keys j <= T + i",
     ("mask", "none"): "without a mask, the queries of a pass of several tokens see the pass's "
-                      "later tokens: keep the bottom-right causal_mask(T_new, T + T_new)",
+                      "later tokens",
 }
 _STEP_OPTIONS = {"pos": ("ok", "zero", "after", "q_only", "k_only"), "heads": ("ok", "cycle"),
                  "mask": ("ok", "top_left", "none")}
@@ -210,7 +205,8 @@ def check_cache_bytes(cache_bytes, gemma_7b_gib=None):
     with ``head_dim`` from the config when it has one, else ``hidden_size //
     num_attention_heads``; a config without ``num_key_value_heads`` has one key/value head per
     query head. ``gemma_7b_gib``: the learner's prediction, made before running the function, of
-    Gemma-7B's cache for one sequence of 8192 tokens in bfloat16, in GiB (compared, not graded)."""
+    Gemma-7B's cache for one sequence of 8192 tokens in bfloat16, in GiB (within 2%; a prediction
+    that makes a known mistake is told which)."""
     if gemma_7b_gib is None:
         raise _NotAttempted("gemma_7b_gib is still None: write down your prediction for Gemma-7B "
                             "first, then your function")
@@ -288,15 +284,25 @@ def check_cache_bytes(cache_bytes, gemma_7b_gib=None):
         gemma = _cache_formula(_cache_numbers(_GEMMA_7B, 8192, 1, torch.bfloat16)) / 2**30
         split = 2 * 28 * 16 * 8192 * (3072 // 16) * 2 / 2**30  # head_dim from the hidden size
         if abs(gemma_7b_gib - gemma) <= 0.02 * gemma:
-            verdict = "as you predicted"
-        elif abs(gemma_7b_gib - split) <= 0.02 * split:
-            verdict = (f"you predicted {split:g} GiB, with 3072 / 16 = 192 dimensions per head; "
-                       "its config's head_dim, 256, wins: its q_proj maps 3072 to 16 x 256 = "
-                       "4096 features")
-        else:
-            verdict = f"you predicted {float(gemma_7b_gib):.4g} GiB"
-        return ("Llama-3-8B at 8192 tokens: 1 GiB per sequence, 4 GiB without its grouped-query "
-                f"heads. Gemma-7B: {gemma:g} GiB ({verdict}).")
+            return ("Llama-3-8B at 8192 tokens: 1 GiB per sequence, 4 GiB without its "
+                    f"grouped-query heads. Gemma-7B: {gemma:g} GiB, as you predicted.")
+        p = float(gemma_7b_gib)
+        told = f"your function is right, but your prediction of {p:.4g} GiB for Gemma-7B is not: "
+        wrong_predictions = (  # (value, what it misses); about 1.1x apart at least
+            (split, "it uses 3072 / 16 = 192 dimensions per head; the config's head_dim wins "
+                    "(its q_proj maps 3072 features to 16 x 256)"),
+            (gemma / 2, "off by 2x: did you count keys AND values?"),
+            (gemma * 2, "off by 2x: a bfloat16 number takes 2 bytes"),
+            (gemma * 4, "off by 4x: a bfloat16 number takes 2 bytes, and a byte is not a bit "
+                        "count (or did you count keys and values twice?)"),
+            (gemma * 2**30 / 1e9, "that is GB (10^9 bytes); a GiB is 2^30 bytes"),
+            (gemma / 28, "that is one layer's cache; every one of the 28 layers has its own"),
+        )
+        for value, why in wrong_predictions:
+            if abs(p - value) <= 0.02 * value:
+                raise _Wrong(told + why)
+        raise _Wrong(told + f"your function's answer is {gemma / p:.3g} times it; find the factor "
+                     "your prediction left out")
     for hint, formula in mistakes:
         if all(np.isclose(got, formula(c), rtol=1e-9, atol=0)
                for got, c in zip(answers, numbers, strict=True)):
@@ -383,7 +389,8 @@ def check_sink_ring_cache(SinkRingCache):
                         Q[:, :, p:p + 1], K, V, allowed[p:p + 1])):
                     raise _Wrong(f"{hint} {what}")
             if kept == sinks + window and p + 1 < sinks + window:
-                raise _Wrong(f"after only {p + 1} tokens the cache returned all {kept} slots: the "
+                tokens = f"{p + 1} token" + ("s" if p else "")
+                raise _Wrong(f"after only {tokens} the cache returned all {kept} slots: the "
                              "slots not written yet (zeros) would get weight in the softmax; "
                              f"return only the filled ones {what}")
             raise _Wrong(f"at position {p}, attention over the tokens your cache returned differs "
@@ -394,76 +401,126 @@ def check_sink_ring_cache(SinkRingCache):
 
 
 # --------------------------------------------------------------------------------------------
-# 8.4 When does the cache outgrow the weights?
+# 8.4 A batch of ragged prompts: left padding through the cache
 # --------------------------------------------------------------------------------------------
+def _pad_cases():
+    """The hidden cases: (attention_mask (B, T_all) of 0/1 with left padding, passes). Each pass
+    (a, b) feeds columns a..b-1; the mask the learner gets covers columns 0..b-1."""
+    rng = _rng(804)
+    cases = []
+    for pads, width, steps, dtype in (((0, 3, 1), 6, (2, 1, 1), torch.long),
+                                      ((2, 0), 4, (1, 3, 1), torch.bool),
+                                      ((4, 1, 0, 2), 7, (1, 1), torch.int32)):
+        order = rng.permutation(len(pads))  # which row holds the unpadded prompt varies
+        pads = [pads[i] for i in order]
+        T_all = width + sum(steps)
+        mask = np.ones((len(pads), T_all), dtype=np.int64)
+        for b, n in enumerate(pads):
+            mask[b, :n] = 0
+        edges = np.cumsum((width, *steps))
+        passes = tuple(zip((0, *edges[:-1]), edges, strict=True))
+        cases.append((mask, passes, dtype))
+    return cases
+
+
+def _pad_reference(mask, T_new, positions="ok", padding="ok", causal="ok"):
+    """Positions ``(B, T_new)`` and allowed ``(B, T_new, T_k)`` for the last ``T_new`` columns of
+    ``mask`` ``(B, T_k)``, with the given mistakes (NumPy)."""
+    B, T_k = mask.shape
+    cols = np.arange(T_k - T_new, T_k)
+    pos = {"ok": np.cumsum(mask, axis=1) - 1, "one": np.cumsum(mask, axis=1),
+           "cols": np.broadcast_to(np.arange(T_k), (B, T_k)),
+           "zero": np.broadcast_to(np.arange(T_k) - (T_k - T_new), (B, T_k))}[positions][:, cols]
+    key_ok = {"ok": mask.astype(bool), "none": np.ones_like(mask, dtype=bool),
+              "inverted": ~mask.astype(bool)}[padding][:, None, :]  # (B, 1, T_k)
+    j = np.arange(T_k)[None, :]
+    see = {"ok": j <= cols[:, None], "top_left": j <= np.arange(T_new)[:, None],
+           "none": np.ones((T_new, T_k), dtype=bool)}[causal]
+    return pos, key_ok & see[None]
+
+
+_PAD_HINTS = {
+    ("positions", "cols"): "the padded sequences' positions count their padding: a sequence "
+                           "alone starts at position 0 at its first real token, so a token's "
+                           "position is the number of real tokens before it in its own row",
+    ("positions", "one"): "the positions are one too large: the first real token of each "
+                          "sequence is at position 0",
+    ("positions", "zero"): "the new tokens are numbered from 0 in every pass: a decode token's "
+                           "position is the number of real tokens before it, prompt included",
+    ("padding", "none"): "the real queries attend to the padding tokens: a key whose "
+                         "attention_mask is 0 must be masked out for every query of its row",
+    ("padding", "inverted"): "the mask keeps the padding and masks the text: attention_mask is 1 "
+                             "for real tokens and 0 for padding",
+    ("causal", "top_left"): "the causal part is aligned top-left: the new tokens are the LAST "
+                            "T_new columns, so query i sits at column T_k - T_new + i",
+    ("causal", "none"): "a query of the prefill sees the tokens after it: padding alone is not "
+                        "enough, keep the causal part too",
+}
+_PAD_OPTIONS = {"padding": ("ok", "none", "inverted"), "causal": ("ok", "top_left", "none")}
+# ("inverted", "none") shows the same real rows as ("inverted", "ok"): it is never hinted
+
+
 @_checker
-def check_crossover_context(crossover_context):
-    """``crossover_context(config, num_params, batch_size=1, cache_dtype=torch.bfloat16,
-    weight_dtype=torch.bfloat16)`` -> the smallest context length ``T`` (an int) at which the
-    cache of ``batch_size`` sequences takes more bytes than the weights."""
-    llama3 = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-              "hidden_size": 4096}
-    n_llama3 = 8_030_261_248
-    small = {"num_hidden_layers": 4, "num_attention_heads": 6, "num_key_value_heads": 2,
-             "hidden_size": 96}
-    cases = (
-        (llama3, n_llama3, 16, torch.bfloat16, torch.bfloat16),
-        (llama3, n_llama3, 1, torch.bfloat16, torch.bfloat16),
-        (small, 1_000_003, 3, torch.float16, torch.float32),
-        (small, 2_000_033, 5, torch.float32, torch.bfloat16),
-    )
+def check_left_padding(pad_positions_and_mask):
+    """``pad_positions_and_mask(attention_mask, T_new)`` -> ``(positions, allowed)``: for a batch
+    of left-padded sequences, ``attention_mask`` ``(B, T_k)`` (1 for real tokens, 0 for padding;
+    the last ``T_new`` columns are this pass's tokens), ``positions`` ``(B, T_new)`` are the new
+    tokens' positions in their own sequences and ``allowed`` ``(B, 1, T_new, T_k)`` (bool, True
+    where a query may attend) what each query sees. On every real token both must equal what its
+    sequence would get alone, without padding (rows of padding queries are not checked)."""
+    runs = []  # (mask so far, T_new, positions, allowed (B, T_new, T_k)) of every pass
+    for mask, passes, dtype in _pad_cases():
+        B = mask.shape[0]
+        for a, b in passes:
+            T_new, T_k = int(b - a), int(b)
+            pads = (mask[:, :b] == 0).sum(1).tolist()
+            what = f"(a pass of T_new = {T_new} tokens, T_k = {T_k} columns, padding {pads})"
+            ans = _call(pad_positions_and_mask, torch.from_numpy(mask[:, :b].copy()).to(dtype),
+                        T_new, name="pad_positions_and_mask", on_error=what)
+            if isinstance(ans, torch.Tensor) or not isinstance(ans, (tuple, list)) or len(ans) != 2:
+                raise _Wrong("return two things, (positions, allowed)")
+            pos, allowed = _arr(ans[0], "positions"), _arr(ans[1], "allowed")
+            _shape(pos, (B, T_new), "positions", "(B, T_new)")
+            if allowed.shape == (B, T_new, T_k):
+                raise _Wrong("allowed has no head dimension: give it the shape (B, 1, T_new, T_k) "
+                             "so that it broadcasts over the heads (a (B, T_new, T_k) mask lines "
+                             "the batch up with the heads)")
+            _shape(allowed, (B, 1, T_new, T_k), "allowed", "(B, 1, T_new, T_k)")
+            if allowed.dtype != bool:
+                raise _Wrong("allowed should be a boolean mask (True where a query may attend); "
+                             f"got {allowed.dtype}")
+            runs.append((mask[:, :b], T_new, pos, allowed[:, 0], what))
 
-    def crossover(c, n, B, e_c, e_w, kv_heads=None, factor=2, batch=True):
-        H = c["num_attention_heads"]
-        H_kv = kv_heads(c) if kv_heads else c.get("num_key_value_heads", H)
-        per_token = factor * c["num_hidden_layers"] * (B if batch else 1) * H_kv \
-            * (c["hidden_size"] // H) * e_c
-        return n * e_w // per_token + 1  # the first T with T * per_token > n * e_w
+    def matches(index, **flags):  # index 0: positions, 1: allowed; real query rows only
+        for m, T_new, *got, _ in runs:
+            real = m[:, -T_new:].astype(bool)
+            if not np.array_equal(got[index][real], _pad_reference(m, T_new, **flags)[index][real]):
+                return False
+        return True
 
-    def size(dtype):
-        return torch.empty((), dtype=dtype).element_size()
-
-    answers = []
-    for config, n, B, cache_dtype, weight_dtype in cases:
-        ans = _call(crossover_context, dict(config), n, batch_size=B, cache_dtype=cache_dtype,
-                    weight_dtype=weight_dtype, name="crossover_context")
-        if isinstance(ans, bool) or not isinstance(ans, (int, float, np.integer, np.floating)) \
-                and not (isinstance(ans, torch.Tensor) and ans.numel() == 1):
-            raise _Wrong(f"return a context length, one number of tokens; got {type(ans).__name__}")
-        answers.append(float(ans))
-    args = [(c, n, B, size(ec), size(ew)) for c, n, B, ec, ew in cases]
-    refs = [crossover(*a) for a in args]
-    if answers == [float(r) for r in refs]:
-        return (f"Llama-3-8B's cache passes its 16 GB of weights at {refs[0]:,} tokens for a batch "
-                f"of 16 (inside its 8192-token context), at {refs[1]:,} tokens for one sequence.")
-    if all(a != int(a) for a in answers):
-        raise _Wrong("a context length is a whole number of tokens: round up to the first T whose "
-                     "cache is larger than the weights")
-    mistakes = (
-        ("that T's cache is not larger than the weights yet (at most equal): the first T where it "
-         "exceeds them is floor(weights / per token) + 1",
-         lambda c, n, B, ec, ew: crossover(c, n, B, ec, ew) - 1),
-        ("the weights and the cache have their own dtypes: weight bytes = num_params x "
-         "weight_dtype's size, cache bytes per element = cache_dtype's size (do not assume 2)",
-         lambda c, n, B, ec, ew: crossover(c, n, B, 2, 2)),
-        ("num_params counts parameters, not bytes: multiply by the weight dtype's size "
-         "before comparing with the cache's bytes",
-         lambda c, n, B, ec, ew: crossover(c, n, B, ec, 1)),
-        ("the cache's bytes per element come from cache_dtype (the weights use weight_dtype)",
-         lambda c, n, B, ec, ew: crossover(c, n, B, ew, ew)),
-        ("every sequence in the batch has its own cache, while the weights are shared: the "
-         "cache per token grows with batch_size",
-         lambda c, n, B, ec, ew: crossover(c, n, B, ec, ew, batch=False)),
-        ("keys AND values are cached: 2 vectors per token, head and layer",
-         lambda c, n, B, ec, ew: crossover(c, n, B, ec, ew, factor=1)),
-        ("only the key/value heads are cached: use num_key_value_heads, not num_attention_heads",
-         lambda c, n, B, ec, ew: crossover(c, n, B, ec, ew,
-                                           kv_heads=lambda c: c["num_attention_heads"])),
-    )
-    for hint, formula in mistakes:
-        if all(got == float(formula(*a)) for got, a in zip(answers, args, strict=True)):
-            raise _Wrong(hint)
-    k = next(i for i, (got, ref) in enumerate(zip(answers, refs, strict=True)) if got != ref)
-    config, n, B, ec, ew = cases[k]
-    raise _Wrong(f"for {config} with {n:,} parameters ({ew}), batch_size = {B}, cache {ec}: "
-                 f"expected T = {refs[k]:,}; got {answers[k]:,.0f}")
+    if not matches(0):
+        for kind in ("cols", "one", "zero"):
+            if matches(0, positions=kind):
+                raise _Wrong(_PAD_HINTS[("positions", kind)])
+        m, T_new, pos, _, what = next(r for r in runs if not np.array_equal(
+            r[2][r[0][:, -r[1]:] == 1], _pad_reference(r[0], r[1])[0][r[0][:, -r[1]:] == 1]))
+        raise _Wrong(f"the positions of the real tokens are not those of each sequence alone: "
+                     f"expected {_pad_reference(m, T_new)[0].tolist()} (padding not checked), got "
+                     f"{pos.tolist()} {what}")
+    if not matches(1):
+        for combo in itertools.product(*_PAD_OPTIONS.values()):
+            flags = dict(zip(_PAD_OPTIONS, combo, strict=True))
+            if combo not in (("ok", "ok"), ("inverted", "none")) and matches(1, **flags):
+                # with left padding the padding keys all precede the real queries: under an
+                # inverted padding mask the causal part changes nothing, so name the padding
+                raise _Wrong("; and ".join(_PAD_HINTS[(k, v)] for k, v in flags.items()
+                                           if v != "ok"))
+        for m, T_new, _, got, what in runs:
+            ref = _pad_reference(m, T_new)[1]
+            bad = np.argwhere((got != ref) & (m[:, -T_new:] == 1)[:, :, None])
+            if len(bad):
+                r, i, j = bad[0]
+                raise _Wrong(f"in row {r}, query {i} (column {m.shape[1] - T_new + i}) should "
+                             f"{'' if ref[r, i, j] else 'not '}see key column {j} {what}")
+    return ("every real token gets the position and the keys it would have alone, through a "
+            "prefill, a chunk and decode steps, with up to 4 padding tokens per row.")

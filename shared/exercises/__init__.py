@@ -33,7 +33,7 @@ The exercises, by notebook (the checker names say what they check):
 * 07: ``check_ntk_base``, ``check_shift_change``, ``check_to_half_split``,
   ``check_alibi_mass_beyond``.
 * 08: ``check_llama_step_fix``, ``check_cache_bytes``, ``check_sink_ring_cache``,
-  ``check_crossover_context``.
+  ``check_left_padding``.
 * 09: ``check_weight_name``, ``check_punctuation_score``, ``check_silenced_heads``.
 * 10: ``check_temperature_grad``, ``check_bias_grads``, ``check_fixed_backward``,
   ``check_attention_saved_bytes``, ``check_memory_crossover``.

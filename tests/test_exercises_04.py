@@ -173,6 +173,10 @@ def dup_no_bos(vocab_size, T):
     return dup_weights(vocab_size, T, bos=0.0)
 
 
+def dup_no_bos_no_step(vocab_size, T):  # unmatched queries tie BOS with every other key
+    return dup_weights(vocab_size, T, bos=0.0, step=0.0)
+
+
 def dup_same_too_small(vocab_size, T):  # the token match does not beat BOS
     return dup_weights(vocab_size, T, same=1.0)
 
@@ -346,6 +350,7 @@ CASES = [
     (ex.check_duplicate_token_head, (dup_oldest_first,), False, "the most recent must win"),
     (ex.check_duplicate_token_head, (dup_bos_too_big,), False, "must score higher than BOS"),
     (ex.check_duplicate_token_head, (dup_no_bos,), False, "should rest on BOS"),
+    (ex.check_duplicate_token_head, (dup_no_bos_no_step,), False, "BOS needs its own score term"),
     (ex.check_duplicate_token_head, (dup_same_too_small,), False, "must score higher than BOS"),
     (ex.check_duplicate_token_head, (dup_transposed,), False, "looks transposed"),
     (ex.check_duplicate_token_head, (dup_inf,), False, "not inf"),

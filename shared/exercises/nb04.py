@@ -338,6 +338,15 @@ def check_duplicate_token_head(duplicate_token_head):
                 where = (f"on tokens {tokens} (vocab_size = {V}), query {i} (token {tok}) puts "
                          f"{A[i, t]:.2f} on key {t}")
                 if a == t:
+                    ties = [j for j in range(i + 1) if j != t and abs(S[i, j] - S[i, t]) < 1e-9]
+                    if ties and t == 0:
+                        raise _Wrong(f"{where} (BOS), but key {ties[0]} scores exactly as much, so "
+                                     "scaling cannot separate them: BOS needs its own score term "
+                                     "(a bonus for key 0) for queries whose token has not appeared")
+                    if ties:
+                        raise _Wrong(f"{where}, the right key, but key {ties[0]} scores exactly as "
+                                     "much, so scaling cannot separate them: some term must tell "
+                                     "them apart")
                     raise _Wrong(f"{where}, the right key, but not 0.9: make the scores larger "
                                  "(scale W_q or W_k up)")
                 if a == i:

@@ -401,9 +401,11 @@ def check_punctuation_guess(my_guess):
                      "over the six sentences: count them, [CLS] and [SEP] included in n (two "
                      "sentences have no punctuation at all)")
     if abs(my_guess["best head"] - m["best head"]) > _GUESS_TOL:
+        too_high = my_guess["best head"] > m["best head"]
         hints.append("no head here comes near the [CLS] heads' 0.9: the best punctuation head "
-                     "scores only about twice a uniform head" if my_guess["best head"] > m["best head"] else
-                     "some head does prefer punctuation: the best scores about twice a uniform head")
+                     "scores only about twice a uniform head" if too_high else
+                     "some head does prefer punctuation: the best scores about twice a uniform "
+                     "head")
     if hints:
         raise _Wrong(f"{shown}: " + "; ".join(hints))
     return (f"{shown}. MiniLM has no strong punctuation head: the best is about twice uniform, "
@@ -416,8 +418,8 @@ def check_silencing_prediction(my_prediction):
     the six sentence embeddings more when silenced. Once filled in, the checker measures the
     mean 1 - cos on the model and prints both next to the guess."""
     if my_prediction is None:
-        raise _NotAttempted('write "highest" or "lowest" in my_prediction; the measurement is shown '
-                            "once it is filled in")
+        raise _NotAttempted('write "highest" or "lowest" in my_prediction; the measurement is '
+                            "shown once it is filled in")
     if my_prediction not in ("highest", "lowest"):
         raise _Wrong(f'my_prediction must be "highest" or "lowest"; got {my_prediction!r}')
     change = _minilm_measurements()["change"]
@@ -425,7 +427,7 @@ def check_silencing_prediction(my_prediction):
              f"the 10 lowest {change['lowest']:.3f}")
     if max(change, key=change.get) != my_prediction:
         raise _Wrong(f"{shown}: silencing the heads that park their weight on [CLS] changes the "
-                     "embeddings less. Before you conclude, compare the layers the two sets come "
-                     "from (the solutions do)")
-    return (f"{shown}. But the two sets come from different layers: a fair test compares heads "
-            "of the same layers, or random sets of 10 (see the solutions).")
+                     "embeddings less. Before you conclude, look at the layers the two sets come "
+                     "from")
+    return (f"{shown}. But the two sets come from different layers: before concluding, compare "
+            "heads of the same layers, or random sets of 10.")

@@ -84,6 +84,39 @@ def map_drops_kind(name):
     return out if out is None else out.rsplit(".", 1)[0] + ".weight"
 
 
+REPLACEMENTS = [  # the notebook's tempting str.replace mapper: the shorter part comes first
+    ("encoder.layer.", "layers."), ("attention.self.query", "attention.W_query"),
+    ("attention.self.key", "attention.W_key"), ("attention.self.value", "attention.W_value"),
+    ("output.dense", "ff_out"), ("attention.output.dense", "attention.out_proj"),
+    ("intermediate.dense", "ff_in"), ("output.LayerNorm", "norm2"),
+    ("attention.output.LayerNorm", "norm1"), ("embeddings.word_embeddings", "embeddings.token"),
+    ("embeddings.position_embeddings", "embeddings.position"),
+    ("embeddings.token_type_embeddings", "embeddings.segment"),
+    ("embeddings.LayerNorm", "embeddings.norm"),
+]
+
+
+def map_by_replace(name, replacements=REPLACEMENTS):
+    if name.startswith("pooler.") or name == "embeddings.position_ids":
+        return None
+    for theirs, ours in replacements:
+        name = name.replace(theirs, ours)
+    return name
+
+
+def map_by_replace_dense_fixed(name):  # the dense pair in the right order, the LayerNorms not
+    r = REPLACEMENTS.copy()
+    r[4], r[5] = r[5], r[4]
+    return map_by_replace(name, r)
+
+
+def map_by_replace_fixed(name):  # both pairs in the right order: correct
+    r = REPLACEMENTS.copy()
+    r[4], r[5] = r[5], r[4]
+    r[7], r[8] = r[8], r[7]
+    return map_by_replace(name, r)
+
+
 def map_ff_swapped(name):
     return map_ok(name, {**PARTS, "intermediate.dense": "ff_out", "output.dense": "ff_in"})
 
@@ -256,6 +289,9 @@ CASES = [
     (C.check_weight_name, (map_keeps_pooler,), False, "return None for them"),
     (C.check_weight_name, (map_drops_kind,), False, "(.weight or .bias)"),
     (C.check_weight_name, (map_ff_swapped,), False, "intermediate.dense is the feed-forward's first"),
+    (C.check_weight_name, (map_by_replace,), False, "also the end of attention.output.dense"),
+    (C.check_weight_name, (map_by_replace_dense_fixed,), False, "also the end of attention.output.LayerNorm"),
+    (C.check_weight_name, (map_by_replace_fixed,), True, OK),
     (C.check_punctuation_score, (punct_ok,), True, "known scores"),
     (C.check_punctuation_score, (punct_loop,), True, OK),
     (C.check_punctuation_score, (stub,), None, NA),

@@ -79,10 +79,13 @@ def _name_hint(name: str, got, expected) -> str:
         if "attention.output.dense" in name and ".ff_out." in got:
             return (f"{shown}: attention.output.dense is the attention's output projection "
                     "(out_proj, W_o); the feed-forward's second layer is output.dense without "
-                    "'attention.'")
+                    "'attention.' (if you replace substrings: output.dense is also the end of "
+                    "attention.output.dense)")
         if "attention.output.LayerNorm" in name and ".norm2." in got:
             return (f"{shown}: attention.output.LayerNorm is the LayerNorm right after attention "
-                    "(norm1); output.LayerNorm follows the feed-forward block (norm2)")
+                    "(norm1); output.LayerNorm follows the feed-forward block (norm2) (if you "
+                    "replace substrings: output.LayerNorm is also the end of "
+                    "attention.output.LayerNorm)")
         if ".output.LayerNorm" in name and ".norm1." in got:
             return (f"{shown}: output.LayerNorm (without 'attention.') follows the feed-forward "
                     "block: norm2")

@@ -84,6 +84,39 @@ def map_drops_kind(name):
     return out if out is None else out.rsplit(".", 1)[0] + ".weight"
 
 
+REPLACEMENTS = [  # the notebook's tempting str.replace mapper: the shorter part comes first
+    ("encoder.layer.", "layers."), ("attention.self.query", "attention.W_query"),
+    ("attention.self.key", "attention.W_key"), ("attention.self.value", "attention.W_value"),
+    ("output.dense", "ff_out"), ("attention.output.dense", "attention.out_proj"),
+    ("intermediate.dense", "ff_in"), ("output.LayerNorm", "norm2"),
+    ("attention.output.LayerNorm", "norm1"), ("embeddings.word_embeddings", "embeddings.token"),
+    ("embeddings.position_embeddings", "embeddings.position"),
+    ("embeddings.token_type_embeddings", "embeddings.segment"),
+    ("embeddings.LayerNorm", "embeddings.norm"),
+]
+
+
+def map_by_replace(name, replacements=REPLACEMENTS):
+    if name.startswith("pooler.") or name == "embeddings.position_ids":
+        return None
+    for theirs, ours in replacements:
+        name = name.replace(theirs, ours)
+    return name
+
+
+def map_by_replace_dense_fixed(name):  # the dense pair in the right order, the LayerNorms not
+    r = REPLACEMENTS.copy()
+    r[4], r[5] = r[5], r[4]
+    return map_by_replace(name, r)
+
+
+def map_by_replace_fixed(name):  # both pairs in the right order: correct
+    r = REPLACEMENTS.copy()
+    r[4], r[5] = r[5], r[4]
+    r[7], r[8] = r[8], r[7]
+    return map_by_replace(name, r)
+
+
 def map_ff_swapped(name):
     return map_ok(name, {**PARTS, "intermediate.dense": "ff_out", "output.dense": "ff_in"})
 
@@ -256,6 +289,9 @@ CASES = [
     (C.check_weight_name, (map_keeps_pooler,), False, "return None for them"),
     (C.check_weight_name, (map_drops_kind,), False, "(.weight or .bias)"),
     (C.check_weight_name, (map_ff_swapped,), False, "intermediate.dense is the feed-forward's first"),
+    (C.check_weight_name, (map_by_replace,), False, "also the end of attention.output.dense"),
+    (C.check_weight_name, (map_by_replace_dense_fixed,), False, "also the end of attention.output.LayerNorm"),
+    (C.check_weight_name, (map_by_replace_fixed,), True, OK),
     (C.check_punctuation_score, (punct_ok,), True, "known scores"),
     (C.check_punctuation_score, (punct_loop,), True, OK),
     (C.check_punctuation_score, (stub,), None, NA),
@@ -279,6 +315,21 @@ CASES = [
     (C.check_silenced_heads, (silence_dict,), False, "a dict {layer: head}"),
     (C.check_silenced_heads, (silence_last_only,), False, "only the last (layer, head)"),
     (C.check_silenced_heads, (silence_late_binding,), False, "bind it as a default argument"),
+    # prediction checkers: the right guesses are measured independently in
+    # test_prediction_checkers_measure_the_model below
+    (C.check_punctuation_guess, ({"best head": 0.15, "uniform head": 0.08},), True, "twice uniform"),
+    (C.check_punctuation_guess, ({"best head": None, "uniform head": 0.1},), None, "both heads"),
+    (C.check_punctuation_guess, ({"best head": 0.9, "uniform head": 0.075},), False,
+     "no head here comes near"),
+    (C.check_punctuation_guess, ({"best head": 0.01, "uniform head": 0.075},), False,
+     "some head does prefer punctuation"),
+    (C.check_punctuation_guess, ({"best head": 0.15, "uniform head": 0.25},), False,
+     "share of punctuation tokens"),
+    (C.check_punctuation_guess, ({"best": 0.15},), False, "must be a dict"),
+    (C.check_silencing_prediction, ("lowest",), True, "different layers"),
+    (C.check_silencing_prediction, (None,), None, "highest"),
+    (C.check_silencing_prediction, ("highest",), False, "changes the embeddings less"),
+    (C.check_silencing_prediction, ("most",), False, 'must be "highest" or "lowest"'),
 ]
 CHECKERS = ex.nb09.__all__
 
@@ -301,7 +352,8 @@ def test_checker(capsys, checker, answers, expected, phrase):
 
 def test_every_checker_is_covered_three_ways():
     """Each checker: a correct answer, the stub, and at least two different wrong answers."""
-    assert CHECKERS == ["check_weight_name", "check_punctuation_score", "check_silenced_heads"]
+    assert CHECKERS == ["check_weight_name", "check_punctuation_score", "check_punctuation_guess",
+                        "check_silenced_heads", "check_silencing_prediction"]
     for name in CHECKERS:
         results = [c[2] for c in CASES if c[0].__name__ == name]
         assert True in results and None in results, name
@@ -336,6 +388,38 @@ def test_reference_solutions_agree_with_independent_implementations():
                               atol=1e-10)
         if heads:  # and silencing changes something
             assert not torch.allclose(silence_nothing(model, ids, mask, heads), expected, atol=1e-4)
+
+def test_prediction_checkers_measure_the_model():
+    """The numbers the prediction checkers print, against the notebook's own way of measuring
+    them: torch, the solutions' punctuation scorer and a weight edit instead of a hook."""
+    import copy
+
+    import torch.nn.functional as F
+
+    from shared.pretrained import REFERENCE_SENTENCES, load_minilm, mean_pool, tokenize
+
+    m = ex.nb09._minilm_measurements()
+    model = load_minilm()
+    ids, mask, toks = tokenize(list(REFERENCE_SENTENCES), model.tokenizer)
+    with torch.no_grad():
+        w = torch.stack(model(ids, mask, return_all=True).weights, dim=1)
+    lengths = mask.sum(1).tolist()
+    punct = torch.stack([punct_ok(w[b, :, :, :n, :n], toks[b][:n]) for b, n in enumerate(lengths)])
+    assert abs(punct.mean(0).max().item() - m["best head"]) < 1e-5
+    share = [sum(not any(c.isalnum() for c in t) for t in toks[b][:n]) / n for b, n in enumerate(lengths)]
+    assert abs(np.mean(share) - m["uniform head"]) < 1e-6  # a uniform head scores the share
+    cls = torch.stack([w[b, :, :, :n, 0].mean(-1) for b, n in enumerate(lengths)]).mean(0).flatten()
+    base = F.normalize(mean_pool(model(ids, mask), mask), dim=-1)
+    for label, picked in (("highest", cls.argsort(descending=True)[:10]), ("lowest", cls.argsort()[:10])):
+        edited = copy.deepcopy(model)
+        with torch.no_grad():
+            for i in picked.tolist():
+                layer, head = divmod(i, 12)
+                edited.layers[layer].attention.out_proj.weight[:, 32 * head:32 * (head + 1)] = 0
+            e = F.normalize(mean_pool(edited(ids, mask), mask), dim=-1)
+        assert abs((1 - (e * base).sum(-1)).mean().item() - m["change"][label]) < 1e-5, label
+    assert m["change"]["lowest"] > 5 * m["change"]["highest"]
+
 
 def test_checkers_never_raise_on_odd_answers(capsys):
     odd = [None, 3, "text", lambda *a, **k: "text", lambda *a, **k: object(),

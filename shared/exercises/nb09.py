@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import functools
+import numbers
 
 import numpy as np
 import torch
@@ -27,7 +29,9 @@ from ._core import (
 __all__ = [
     "check_weight_name",
     "check_punctuation_score",
+    "check_punctuation_guess",
     "check_silenced_heads",
+    "check_silencing_prediction",
 ]
 
 
@@ -75,10 +79,13 @@ def _name_hint(name: str, got, expected) -> str:
         if "attention.output.dense" in name and ".ff_out." in got:
             return (f"{shown}: attention.output.dense is the attention's output projection "
                     "(out_proj, W_o); the feed-forward's second layer is output.dense without "
-                    "'attention.'")
+                    "'attention.' (if you replace substrings: output.dense is also the end of "
+                    "attention.output.dense)")
         if "attention.output.LayerNorm" in name and ".norm2." in got:
             return (f"{shown}: attention.output.LayerNorm is the LayerNorm right after attention "
-                    "(norm1); output.LayerNorm follows the feed-forward block (norm2)")
+                    "(norm1); output.LayerNorm follows the feed-forward block (norm2) (if you "
+                    "replace substrings: output.LayerNorm is also the end of "
+                    "attention.output.LayerNorm)")
         if ".output.LayerNorm" in name and ".norm1." in got:
             return (f"{shown}: output.LayerNorm (without 'attention.') follows the feed-forward "
                     "block: norm2")
@@ -312,3 +319,118 @@ def check_silenced_heads(forward_without_heads):
                      f"{_maxdiff(got, ref)}")
     return ("the listed heads add nothing, every other head and out_proj's bias are untouched, "
             "and the model is unchanged afterwards.")
+
+
+# --------------------------------------------------------------------------------------------
+# The predictions of 9.2 and 9.3, measured on the real model by the checkers themselves
+# --------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=1)
+def _minilm_measurements() -> dict:
+    """On the six reference sentences (section 8): the best head's punctuation score and a uniform
+    head's, and the mean 1 - cos of the sentence embeddings with the 10 heads of highest and of
+    lowest [CLS] score silenced."""
+    import torch.nn.functional as F
+
+    from shared.pretrained import REFERENCE_SENTENCES, load_minilm, mean_pool, tokenize
+
+    model = load_minilm()
+    ids, mask, toks = tokenize(list(REFERENCE_SENTENCES), model.tokenizer)
+    with torch.no_grad():
+        weights = torch.stack(model(ids, mask, return_all=True).weights, dim=1).double().numpy()
+    lengths = mask.sum(1).tolist()
+    punct = np.mean([_punct_reference(weights[b, :, :, :n, :n], toks[b][:n])
+                     for b, n in enumerate(lengths)], axis=0)  # (layer, head)
+    uniform = np.mean([_punct_reference(np.full((n, n), 1.0 / n), toks[b][:n])
+                       for b, n in enumerate(lengths)])
+    cls = np.mean([weights[b, :, :, :n, 0].mean(-1) for b, n in enumerate(lengths)], axis=0)
+    num_heads = cls.shape[1]
+    order = np.argsort(-cls.flatten(), kind="stable").tolist()
+
+    def embed(heads):
+        hooks = []
+        for layer, head in heads:
+            att = model.layers[layer].attention
+            cols = slice(head * att.head_dim, (head + 1) * att.head_dim)
+
+            def silence(module, args, cols=cols):
+                x = args[0].clone()
+                x[..., cols] = 0
+                return (x,)
+
+            hooks.append(att.out_proj.register_forward_pre_hook(silence))
+        try:
+            with torch.no_grad():
+                return F.normalize(mean_pool(model(ids, mask), mask), dim=-1)
+        finally:
+            for hook in hooks:
+                hook.remove()
+
+    base = embed([])
+    change = {label: float((1 - (embed([divmod(i, num_heads) for i in picked]) * base).sum(-1))
+                           .mean())
+              for label, picked in (("highest", order[:10]), ("lowest", order[-10:]))}
+    best = int(punct.argmax())
+    return {"best head": float(punct.flatten()[best]), "best": divmod(best, num_heads),
+            "uniform head": float(uniform), "change": change}
+
+
+_GUESS_TOL = 0.05  # a guess within 0.05 of the measured score counts as right
+
+
+@_checker
+def check_punctuation_guess(my_guess):
+    """``my_guess``: ``{"best head": x, "uniform head": y}``, predicted punctuation scores (0 to 1)
+    on the six sentences of section 8. Once both are filled in, the checker measures them on the
+    model and prints them next to the guesses; a guess within 0.05 counts as right."""
+    keys = ("best head", "uniform head")
+    if not isinstance(my_guess, dict) or set(my_guess) != set(keys):
+        raise _Wrong('my_guess must be a dict with the keys "best head" and "uniform head", e.g. '
+                     f'{{"best head": 0.5, "uniform head": 0.1}}; got {my_guess!r}')
+    if any(my_guess[k] is None for k in keys):
+        raise _NotAttempted("write a number between 0 and 1 for both heads in my_guess; the "
+                            "measurement is shown once both are filled in")
+    for k in keys:
+        v = my_guess[k]
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 <= v <= 1:
+            raise _Wrong(f"a score is a number between 0 and 1; got {v!r} for {k!r}")
+    m = _minilm_measurements()
+    layer, head = m["best"]
+    shown = (f"measured: best head (layer {layer}, head {head}) {m['best head']:.3f}, uniform head "
+             f"{m['uniform head']:.3f}; you guessed {my_guess['best head']:g} and "
+             f"{my_guess['uniform head']:g}")
+    hints = []
+    if abs(my_guess["uniform head"] - m["uniform head"]) > _GUESS_TOL:
+        hints.append("a uniform head scores each sentence's share of punctuation tokens, averaged "
+                     "over the six sentences: count them, [CLS] and [SEP] included in n (two "
+                     "sentences have no punctuation at all)")
+    if abs(my_guess["best head"] - m["best head"]) > _GUESS_TOL:
+        too_high = my_guess["best head"] > m["best head"]
+        hints.append("no head here comes near the [CLS] heads' 0.9: the best punctuation head "
+                     "scores only about twice a uniform head" if too_high else
+                     "some head does prefer punctuation: the best scores about twice a uniform "
+                     "head")
+    if hints:
+        raise _Wrong(f"{shown}: " + "; ".join(hints))
+    return (f"{shown}. MiniLM has no strong punctuation head: the best is about twice uniform, "
+            "far from the near-1 scores of section 8.")
+
+
+@_checker
+def check_silencing_prediction(my_prediction):
+    """``my_prediction``: ``"highest"`` or ``"lowest"``, which 10 heads (by [CLS] score) change
+    the six sentence embeddings more when silenced. Once filled in, the checker measures the
+    mean 1 - cos on the model and prints both next to the guess."""
+    if my_prediction is None:
+        raise _NotAttempted('write "highest" or "lowest" in my_prediction; the measurement is '
+                            "shown once it is filled in")
+    if my_prediction not in ("highest", "lowest"):
+        raise _Wrong(f'my_prediction must be "highest" or "lowest"; got {my_prediction!r}')
+    change = _minilm_measurements()["change"]
+    shown = (f"measured mean 1 - cos: the 10 highest [CLS] heads silenced {change['highest']:.3f}, "
+             f"the 10 lowest {change['lowest']:.3f}")
+    if max(change, key=change.get) != my_prediction:
+        raise _Wrong(f"{shown}: silencing the heads that park their weight on [CLS] changes the "
+                     "embeddings less. Before you conclude, look at the layers the two sets come "
+                     "from")
+    return (f"{shown}. But the two sets come from different layers: before concluding, compare "
+            "heads of the same layers, or random sets of 10.")

@@ -69,6 +69,7 @@ def plot_attention(
     cmap: str = "viridis",
     cbar_label: str | None = None,
     blank_diagonal: bool = False,
+    vmin: float | None = None,
 ):
     """Draw one attention matrix as a labelled heatmap and return its ``Axes``.
 
@@ -81,6 +82,9 @@ def plot_attention(
 
     ``annotate`` writes each weight with 2 decimals (default: when the matrix is at most 12 x 12).
     ``vmax=None`` scales the colours to the data instead of to [0, 1] (use it for raw scores).
+    ``vmin`` sets the bottom of the scale (default: 0 when ``vmax`` is given), e.g. ``vmin=-lim,
+    vmax=lim`` with ``cmap="RdBu_r"`` for a diverging scale centred on 0; the numbers are then
+    written in black or white to contrast with their cell.
     ``cbar_label`` labels the colour bar (default: no label), e.g. ``"attention weight"``.
     ``blank_diagonal=True`` leaves the numbers of the diagonal cells out (their colour stays), e.g.
     for ``S - S^T``, whose diagonal is 0 by construction.
@@ -108,7 +112,7 @@ def plot_attention(
         w,
         ax=ax,
         mask=None if allowed is None else ~allowed,  # seaborn hides True cells
-        vmin=0.0 if vmax is not None else None,
+        vmin=vmin if vmin is not None else (0.0 if vmax is not None else None),
         vmax=vmax,
         cmap=cmap,
         annot=annotate,

@@ -84,6 +84,21 @@ def test_blank_diagonal_drops_only_the_diagonal_numbers():
     assert all(t != "" for t in cell_texts(plot_attention(w, TOKENS)).values())  # default: all
 
 
+def test_centred_diverging_scale_keeps_near_zero_numbers_readable():
+    # vmin=-1, vmax=1 on RdBu_r: 0 is the white middle, so its number must be dark, while the
+    # saturated ends (dark red / dark blue) get white text. Before vmin existed, the scale ran from 0 and
+    # a later set_clim(-1, 1) left white text on the near-white cells.
+    w = np.array([[0.0, 0.01, -0.95], [0.95, -0.01, 0.02], [0.0, 0.0, 0.0]])
+    ax = plot_attention(w, ["a", "b", "c"], vmin=-1.0, vmax=1.0, cmap="RdBu_r")
+    assert ax.collections[0].get_clim() == (-1.0, 1.0)
+    colours = {(int(t.get_position()[1]), int(t.get_position()[0])): matplotlib.colors.to_rgb(t.get_color())
+               for t in ax.texts}
+    dark = [colours[(0, 1)], colours[(1, 1)], colours[(1, 2)]]
+    assert all(max(c) < 0.5 for c in dark)  # near-white cells: dark text
+    assert colours[(0, 2)] == (1.0, 1.0, 1.0) and colours[(1, 0)] == (1.0, 1.0, 1.0)  # saturated: white
+    assert plot_attention(weights_4x4(), TOKENS).collections[0].get_clim() == (0.0, 1.0)  # default kept
+
+
 def test_masked_cells_are_hatched_and_not_drawn():
     w = weights_4x4()
     mask = np.tril(np.ones((4, 4), dtype=bool))

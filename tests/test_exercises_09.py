@@ -10,25 +10,7 @@ import pytest
 import torch
 
 from shared import exercises as ex
-
-NA, OK = "not attempted yet", "correct!"
-
-
-def run(capsys, checker, *answer):
-    result = checker(*answer)
-    out = capsys.readouterr().out
-    assert out.count("\n") == 1, f"expected exactly one line, got: {out!r}"
-    return result, out
-
-
-def stub(*args, **kwargs):
-    # TODO: your code here
-    return None
-
-
-def stub_raises(*args, **kwargs):
-    raise NotImplementedError
-
+from tests.checker_helpers import NA, OK, run, stub, stub_raises  # noqa: F401
 
 # 9.1 ------------------------------------------------------------------------------------------
 PARTS = {

@@ -12,24 +12,7 @@ import torch
 from shared.benchmark import cpu_peak_memory
 from shared.exercises import nb10 as ex
 from shared.flash_backward import flash_attention
-
-NA, OK = "not attempted yet", "correct!"
-
-
-def run(capsys, checker, *answer):
-    result = checker(*answer)
-    out = capsys.readouterr().out
-    assert out.count("\n") == 1, f"expected exactly one line, got: {out!r}"
-    return result, out
-
-
-def stub(*args, **kwargs):
-    # TODO: your code here
-    return None
-
-
-def stub_raises(*args, **kwargs):
-    raise NotImplementedError
+from tests.checker_helpers import NA, OK, run, stub, stub_raises  # noqa: F401
 
 
 @pytest.mark.parametrize("checker", [ex.check_temperature_grad, ex.check_bias_grads,

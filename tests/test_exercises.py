@@ -933,12 +933,14 @@ COURSE = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 
 
 def checker_cells(path: Path) -> list[tuple[str, str]]:
-    """(source, printed text) of every code cell that calls a checker."""
+    """(source, printed text) of every code cell that calls a checker, except demonstrations of a
+    checker on deliberately buggy code (a ``# demo:`` line in the cell)."""
     nb = json.loads(path.read_text(encoding="utf-8"))
     cells = []
     for c in nb["cells"]:
         source = "".join(c["source"])
-        if c["cell_type"] == "code" and re.search(r"^check_\w+\(", source, flags=re.M):
+        demo = re.search(r"^# demo:", source, flags=re.M)  # a checker shown on buggy code
+        if c["cell_type"] == "code" and not demo and re.search(r"^check_\w+\(", source, flags=re.M):
             text = "".join("".join(o.get("text", "")) for o in c.get("outputs", []))
             cells.append((source, text))
     return cells

@@ -21,3 +21,16 @@ def stub(*args, **kwargs):
 
 def stub_raises(*args, **kwargs):
     raise NotImplementedError
+
+
+def _label(answer) -> str:
+    """One answer as a test-id part, the same in every process (sets print in hash order)."""
+    if isinstance(answer, (set, frozenset)):
+        return "{" + ", ".join(sorted(map(repr, answer))) + "}"
+    return getattr(answer, "__name__", repr(answer))
+
+
+def case_id(case) -> str:
+    """``checker-answer+answer`` for a ``(checker, answers, expected, phrase)`` test case."""
+    checker, answers, _, _ = case
+    return f"{checker.__name__}-{'+'.join(_label(a) for a in answers)}"

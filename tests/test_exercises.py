@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from shared import exercises as ex
+from tests.checker_helpers import case_id
 
 
 def run(capsys, checker, *answer):
@@ -802,19 +803,7 @@ CASES = [
 ]
 
 
-def _label(answer) -> str:
-    """A test id part that is the same in every process (sets print in hash order)."""
-    if isinstance(answer, (set, frozenset)):
-        return "{" + ", ".join(sorted(map(repr, answer))) + "}"
-    return getattr(answer, "__name__", repr(answer))
-
-
-def _id(case):
-    checker, answers, _, _ = case
-    return f"{checker.__name__}-{'+'.join(_label(a) for a in answers)}"
-
-
-@pytest.mark.parametrize("checker, answers, expected, phrase", CASES, ids=[_id(c) for c in CASES])
+@pytest.mark.parametrize("checker, answers, expected, phrase", CASES, ids=[case_id(c) for c in CASES])
 def test_checker(capsys, checker, answers, expected, phrase):
     result, out = run(capsys, checker, *answers)
     assert result.passed is expected, out

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from shared import exercises as ex
 from shared.exercises import nb04
 from shared.heads import merge_heads, split_heads
+from tests.checker_helpers import case_id
 
 NA, OK = "not attempted yet", "correct!"
 
@@ -375,12 +376,7 @@ CASES = [
 ]
 
 
-def _id(case):
-    checker, answers, _, _ = case
-    return f"{checker.__name__}-{'+'.join(getattr(a, '__name__', repr(a)) for a in answers)}"
-
-
-@pytest.mark.parametrize("checker, answers, expected, phrase", CASES, ids=[_id(c) for c in CASES])
+@pytest.mark.parametrize("checker, answers, expected, phrase", CASES, ids=[case_id(c) for c in CASES])
 def test_checker(capsys, checker, answers, expected, phrase):
     result = checker(*answers)
     out = capsys.readouterr().out

@@ -19,6 +19,7 @@ from shared.tiny_transformer import (
     repeated_tokens,
     train,
 )
+from tests.checker_helpers import case_id
 
 NA, OK = "not attempted yet", "correct!"
 
@@ -369,12 +370,7 @@ CASES = [
 ]
 
 
-def _id(case):
-    checker, answers, _, _ = case
-    return f"{checker.__name__}-{'+'.join(getattr(a, '__name__', repr(a)) for a in answers)}"
-
-
-@pytest.mark.parametrize("checker, answers, expected, phrase", CASES, ids=[_id(c) for c in CASES])
+@pytest.mark.parametrize("checker, answers, expected, phrase", CASES, ids=[case_id(c) for c in CASES])
 def test_checker(capsys, checker, answers, expected, phrase):
     result = checker(*(a.make() if isinstance(a, _Lazy) else a for a in answers))
     out = capsys.readouterr().out

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from shared import exercises as ex
-from tests.checker_helpers import NA, OK, run, stub, stub_raises  # noqa: F401
+from tests.checker_helpers import NA, OK, case_id, run, stub, stub_raises  # noqa: F401
 
 
 # 7.1 ntk_base ---------------------------------------------------------------------------------
@@ -318,12 +318,7 @@ CASES = [
 CHECKERS = ex.nb07.__all__
 
 
-def _id(case):
-    checker, answers, _, _ = case
-    return f"{checker.__name__}-{'+'.join(getattr(a, '__name__', repr(a)) for a in answers)}"
-
-
-@pytest.mark.parametrize("checker, answers, expected, phrase", CASES, ids=[_id(c) for c in CASES])
+@pytest.mark.parametrize("checker, answers, expected, phrase", CASES, ids=[case_id(c) for c in CASES])
 def test_checker(capsys, checker, answers, expected, phrase):
     result, out = run(capsys, checker, *answers)
     assert result.passed is expected, out

@@ -18,6 +18,7 @@ from shared.exercises import nb08
 from shared.generation import KVCache, causal_mask, gqa_attention, kv_cache_bytes, positions_mask
 from shared.llama import LlamaStyleAttention
 from shared.positional import apply_rope
+from tests.checker_helpers import case_id
 
 
 def stub(*args, **kwargs):
@@ -371,12 +372,7 @@ CASES = [
 ]
 
 
-def _id(case):
-    checker, answers, _, _ = case
-    return f"{checker.__name__}-{'+'.join(getattr(a, '__name__', repr(a)) for a in answers)}"
-
-
-@pytest.mark.parametrize("checker, answers, expected, phrase", CASES, ids=[_id(c) for c in CASES])
+@pytest.mark.parametrize("checker, answers, expected, phrase", CASES, ids=[case_id(c) for c in CASES])
 def test_checker(capsys, checker, answers, expected, phrase):
     result = checker(*answers)
     out = capsys.readouterr().out

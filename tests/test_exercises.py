@@ -649,7 +649,7 @@ CASES = [
     (C.check_log_softmax, (log_softmax_mean_shift,), False, "the minimum (or the mean)"),
     (C.check_log_softmax, (log_softmax_global_max,), False, "each row's own maximum"),
     (C.check_log_softmax, (log_softmax_returns_weights,), False, "not their logarithms"),
-    (C.check_log_softmax, (log_softmax_no_logsumexp,), False, "but not log(sum(exp(x - max)))"),
+    (C.check_log_softmax, (log_softmax_no_logsumexp,), False, "forgot the denominator"),
     (C.check_log_softmax, (log_softmax_in_place,), False, "in place"),
     (C.check_log_softmax, (log_softmax_log2,), False, "natural logarithm"),
     (C.check_log_softmax, (log_softmax_as_text,), False, "not the text"),
@@ -664,6 +664,8 @@ CASES = [
     (C.check_cosine_attention, (stub1, SHARPER), None, NA),
     (C.check_cosine_attention, (cosine_ok,), None, "now type predicted_sharper_rows"),
     (C.check_cosine_attention, (cosine_ok, set()), False, "5 of the 6 rows right"),
+    (C.check_cosine_attention, (cosine_ok, set()), False, "so 'one' gets sharper"),
+    (C.check_cosine_attention, (cosine_ok, set()), False, "one 1.52 -> 1.88"),
     (C.check_cosine_attention, (cosine_ok, {"one", "journey"}), False, "5 of the 6 rows right"),
     (C.check_cosine_attention, (cosine_ok, set(SIX_TOKENS)), False, "1 of the 6 rows right"),
     (C.check_cosine_attention, (cosine_ok, {"Your", "journey", "starts", "with", "step"}), False, "0 of the 6 rows right"),
@@ -825,12 +827,22 @@ def test_spot_the_bug_hints_give_symptoms_not_the_fix(capsys, fixed):
 
 @pytest.mark.parametrize("guess", [set(), {"one", "journey"}, set(SIX_TOKENS), NEW_TOP_KEY,
                                    {"Your", "journey", "starts", "with", "step"}])
-def test_cosine_prediction_hints_name_no_row(capsys, guess):
-    """Exercise 1.3's prediction: a wrong guess learns how many rows it got right, never which."""
+def test_cosine_prediction_is_graded_then_shows_the_measurement(capsys, guess):
+    """Exercise 1.3's prediction is committed before the measurement: a wrong guess is shown the
+    measured rows (recomputed here in torch, independently of the checker), never the reason."""
+    from shared.data import load_embeddings
+
+    tokens, X = load_embeddings()
+    x = torch.from_numpy(X)
+    dots = x @ x.T
+    cos = torch.nn.functional.cosine_similarity(x[:, None, :], x[None, :, :], dim=-1)
+    span = lambda s: (s.max(dim=-1).values - s.min(dim=-1).values)  # noqa: E731
+    sharper = [t for t, a, b in zip(tokens, span(dots), span(cos), strict=True) if b > a]
+    assert sharper == ["one"]  # the short token: its own score lost to longer vectors
     _, out = run(capsys, C.check_cosine_attention, cosine_ok, guess)
     assert out.startswith("not quite:"), out
-    assert not any(f"'{t}'" in out or f'"{t}"' in out for t in SIX_TOKENS), out
-    assert "span 0." not in out, out
+    assert "so 'one' gets sharper" in out, out
+    assert "because" not in out, out  # the reason is the learner's to find
 
 
 def test_every_checker_is_covered_three_ways():
@@ -963,3 +975,19 @@ def test_every_checker_is_used_by_a_solution_notebook():
     used = "".join(src for p in SOLUTIONS for src, _ in checker_cells(p))
     missing = [name for name in ALL_CHECKERS if f"{name}(" not in used]
     assert not missing, missing
+
+
+LOG_SOFTMAX_WRONG = [log_of_softmax, log_softmax_naive, log_softmax_min_shift, log_softmax_mean_shift,
+                     log_softmax_global_max, log_softmax_returns_weights, log_softmax_no_logsumexp,
+                     log_softmax_log2, log_softmax_clipped, log_softmax_no_keepdims_if_square]
+
+
+@pytest.mark.parametrize("answer", LOG_SOFTMAX_WRONG, ids=lambda f: f.__name__)
+def test_log_softmax_hints_name_the_mistake_without_handing_over_the_formula(answer, capsys):
+    """Exercise 1.2 asks the learner to derive log-softmax from the shift identity, so no hint
+    may print the finished expression, in any spelling."""
+    result = ex.check_log_softmax(answer)
+    out = capsys.readouterr().out.replace(" ", "")
+    assert result.passed is False
+    for giveaway in ("log(sum(exp", "logsumexp", "x-max)-log", "np.log(np.exp(z).sum"):
+        assert giveaway not in out, out

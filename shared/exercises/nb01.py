@@ -222,7 +222,9 @@ def check_log_softmax(log_softmax):
             if kind == "span" and np.array_equal(finite, np.isfinite(log_of_softmax)):
                 raise _Wrong(f"-inf for the row {x[0].tolist()}: you took the log of the softmax, "
                              "but a weight like e^-1000 underflows to exactly 0 and log(0) = "
-                             "-inf. Stay in log space: (x - max) - log(sum(exp(x - max)))")
+                             "-inf. Take the logarithm of the shifted fraction on paper first "
+                             "(log of a quotient, log of an exponential): then no weight is "
+                             "ever formed")
             if kind == "span":
                 raise _Wrong(f"inf or nan for the row {x[0].tolist()}, which spans more than 709: "
                              "shifting by the minimum (or the mean) still overflows exp; shift "
@@ -237,9 +239,10 @@ def check_log_softmax(log_softmax):
             raise _Wrong("your log-softmax returns nan or inf even for small scores")
         _diagnose(got, [
             ("these are the softmax weights, not their logarithms: return log(softmax(x)), "
-             "computed as (x - max) - log(sum(exp(x - max)))", _softmax(x)),
-            ("you subtracted the maximum but not log(sum(exp(x - max))): the result must be the "
-             "log of weights that sum to 1", x - x.max(axis=-1, keepdims=True)),
+             "and compute it without forming the weights", _softmax(x)),
+            ("you subtracted the maximum but forgot the denominator of the fraction: the result "
+             "must be the log of weights that sum to 1 (np.exp of your rows does not sum to 1)",
+             x - x.max(axis=-1, keepdims=True)),
             ("wrong axis: each slice along the LAST axis is one softmax; use axis=-1 with "
              "keepdims=True", _log_softmax(x, axis=0) if x.ndim > 1 else None),
             ("use the natural logarithm (np.log), not log2", _log_softmax(x) / math.log(2)),
@@ -255,7 +258,8 @@ def check_log_softmax(log_softmax):
             raise _Wrong(f"for the row {x[0].tolist()} your values are off by up to "
                          f"{_maxdiff(got, ref)}: clipping the weights or adding a small epsilon "
                          "before the log hides the underflow but gives the wrong number (log of "
-                         "e^-1000 is -1000); compute (x - max) - log(sum(exp(x - max)))")
+                         "e^-1000 is -1000): take the logarithm of the fraction on paper, so that "
+                         "no weight is formed at all")
         raise _Wrong(f"for x = {x.tolist()} your values differ from log(softmax(x)) by up to "
                      f"{_maxdiff(got, ref)}")
     return "finite for scores like 1000 and for rows spanning more than 709."
@@ -280,6 +284,12 @@ def _sharper_rows() -> tuple[list[str], np.ndarray, np.ndarray]:
     n = np.linalg.norm(X, axis=-1, keepdims=True)
     cos = S / (n * n.T)
     return tokens, np.ptp(S, axis=-1), np.ptp(cos, axis=-1)
+
+
+def _names(names: set[str]) -> str:
+    """{'one'} -> "'one'"; {'a', 'b'} -> "'a' and 'b'" (sorted, so the text is stable)."""
+    quoted = [repr(n) for n in sorted(names)] or ["no row"]
+    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " and " + quoted[-1]
 
 
 def _dot_top_keys() -> list[str]:
@@ -367,18 +377,22 @@ def check_cosine_attention(cosine_attention_weights, predicted_sharper_rows=None
     truth = {t for t, a, b in zip(tokens, span_dot, span_cos, strict=True) if b > a}
     guess = _token_set(predicted_sharper_rows, tokens, "predicted_sharper_rows")
     if guess != truth:
-        # Never name the rows: the learner measures them. Only one reasoning slip gets its own hint.
+        # The prediction is committed before the measurement, so the measurement can be shown:
+        # which rows get sharper, and the learner's count. Only one reasoning slip gets its own
+        # hint; the why is left to the learner.
         right = sum((t in guess) == (t in truth) for t in tokens)
         new_winner = {t for t, row in zip(tokens, _dot_top_keys(), strict=True) if row != t}
+        spans = ", ".join(f"{t} {math.exp(a):.2f} -> {math.exp(b):.2f}"
+                          for t, a, b in zip(tokens, span_dot, span_cos, strict=True))
+        measured = (f"measured largest / smallest weight per row, dot -> cosine: {spans}; "
+                    f"so {_names(truth)} {'gets' if len(truth) == 1 else 'get'} sharper")
         if guess == new_winner:
-            raise _Wrong("these are the rows whose top key changes (to the query itself); "
-                         "sharper is not about which key wins but about the ratio of the largest "
-                         "to the smallest weight in the row, e^(largest score - smallest score)")
-        raise _Wrong(f"{right} of the 6 rows right (a row counts as right when you listed it and "
-                     "it gets sharper, or left it out and it does not). A row's largest / "
-                     "smallest weight is e^(largest score - smallest score): compare that span "
-                     "for dot products and for cosines, row by row (np.ptp(..., axis=1)), and "
-                     "work out why it grows or shrinks")
+            raise _Wrong(f"{measured}. You listed the rows whose top key changes (to the query "
+                         "itself): sharpness is not about which key wins but about the gap "
+                         "between the largest and the smallest score of the row")
+        raise _Wrong(f"{measured}. Your prediction had {right} of the 6 rows right. Before you "
+                     "retype it, explain each row: what happens to the largest and to the "
+                     "smallest score of a row when every score is divided by both lengths?")
     return ("cos(x_i, x_i) = 1 is the largest possible cosine, so every query now attends most "
             "to itself; only the row of the short 'one', whose own score lost to longer vectors, "
             "gets sharper.")

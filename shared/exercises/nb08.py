@@ -167,8 +167,8 @@ def check_llama_step_prediction(first_wrong):
     if not isinstance(first_wrong, dict) or set(first_wrong) != set(keys):
         raise _Wrong(f"first_wrong must be a dict with the keys {list(keys)}; got {first_wrong!r}")
     if any(v is None for v in first_wrong.values()):
-        raise _NotAttempted("write \"prefill\", \"decode\" or \"never\" for each bug in first_wrong; "
-                            "the measurement is shown once all three are filled in")
+        raise _NotAttempted("write \"prefill\", \"decode\" or \"never\" for each bug in "
+                            "first_wrong; the measurement is shown once all three are filled in")
     for key, guess in first_wrong.items():
         if guess not in _PREDICT_CHOICES:
             raise _Wrong(f"write \"prefill\", \"decode\" or \"never\" for {key!r}; got {guess!r}")
@@ -563,9 +563,10 @@ def check_padding_prediction(padding_prediction):
     changed = _padding_changes()
     measured = {(True, True): "both", (True, False): "positions", (False, True): "mask",
                 (False, False): "neither"}[(changed["positions"], changed["mask"])]
-    shown = (f"measured: positions counting the padding {'change' if changed['positions'] else 'leave'}"
-             f" the real tokens' outputs{'' if changed['positions'] else ' as they are'}; a mask "
-             f"that lets queries see the padding {'changes' if changed['mask'] else 'leaves'} them")
+    pos_effect = "change the real tokens' outputs" if changed["positions"] else \
+        "leave the real tokens' outputs as they are"
+    shown = (f"measured: positions counting the padding {pos_effect}; a mask that lets queries "
+             f"see the padding {'changes' if changed['mask'] else 'leaves'} them")
     if padding_prediction != measured:
         why = {"positions": "RoPE scores depend on the difference of two positions only (notebook "
                             "07): what does counting the padding do to the difference of two real "
@@ -574,7 +575,8 @@ def check_padding_prediction(padding_prediction):
                        "and its value enters the output"}
         predicted = {"positions": padding_prediction in ("positions", "both"),
                      "mask": padding_prediction in ("mask", "both")}
-        raise _Wrong(f"{shown}: " + "; ".join(why[k] for k in predicted if predicted[k] != changed[k]))
+        raise _Wrong(f"{shown}: " + "; ".join(why[k] for k in predicted
+                                               if predicted[k] != changed[k]))
     return (f"{shown}. With RoPE, a shift shared by a whole row cancels in every score; with "
             "learned absolute positions (GPT-2) it would not.")
 

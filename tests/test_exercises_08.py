@@ -310,11 +310,24 @@ def pad_float(attention_mask, T_new):
     return positions, torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))
 
 
+# 8.1's prediction: derived by hand (a prefill from an empty cache starts at position 0, so the
+# positions bug shows only after it; Tensor.repeat and repeat_interleave differ for 1 < H_kv < H
+# in every pass, and are the same list for H_kv = 1); measured below with LlamaStyleAttention
+PREDICTED = {"positions": "decode", "repeat": "prefill", "repeat, H_kv = 1": "never"}
+
+
 # ---------------------------------------------------------------------------------------------
 NA, OK = "not attempted yet", "correct!"
 CHECKERS = list(nb08.__all__)
 C = ex
 CASES = [
+    (C.check_llama_step_prediction, (PREDICTED,), True, "1 < H_kv < H"),
+    (C.check_llama_step_prediction, ({**PREDICTED, "positions": None},), None, NA),
+    (C.check_llama_step_prediction, ({**PREDICTED, "positions": "prefill"},), False, "IS each token's position"),
+    (C.check_llama_step_prediction, ({**PREDICTED, "repeat": "decode"},), False, "section 4's diagram"),
+    (C.check_llama_step_prediction, ({**PREDICTED, "repeat, H_kv = 1": "prefill"},), False, "only one"),
+    (C.check_llama_step_prediction, ({**PREDICTED, "repeat": "first"},), False, "got 'first'"),
+    (C.check_llama_step_prediction, ({"positions": "decode"},), False, "must be a dict with the keys"),
     (C.check_llama_step_fix, (step_ok,), True, "3 decode steps equal the layer"),
     (C.check_llama_step_fix, (step_list,), True, OK),
     (C.check_llama_step_fix, (stub,), None, NA),
@@ -357,6 +370,12 @@ CASES = [
     (C.check_sink_ring_cache, (RingNoSinks,), False, "they are never evicted"),
     (C.check_sink_ring_cache, (RingShort,), False, "one recent token too few"),
     (C.check_sink_ring_cache, (RingAllSlots,), False, "slots not written yet"),
+    (C.check_padding_prediction, ("mask",), True, "cancels in every score"),
+    (C.check_padding_prediction, (None,), None, NA),
+    (C.check_padding_prediction, ("both",), False, "difference of two positions only"),
+    (C.check_padding_prediction, ("positions",), False, "difference of two positions only"),
+    (C.check_padding_prediction, ("neither",), False, "share of the softmax's weight"),
+    (C.check_padding_prediction, ("Mask",), False, "got 'Mask'"),
     (C.check_left_padding, (pad_ok,), True, "it would have alone"),
     (C.check_left_padding, (pad_loops,), True, OK),
     (C.check_left_padding, (stub,), None, NA),
@@ -560,3 +579,27 @@ def test_checkers_leave_the_global_random_state_alone(capsys):
     np.random.seed(7)  # noqa: NPY002
     assert torch.equal(after_torch, torch.rand(3))
     assert np.array_equal(after_np, np.random.random(3))  # noqa: NPY002
+
+
+def test_predictions_hold_for_the_torch_layer():
+    """8.1: each planted bug alone, on LlamaStyleAttention (H = 8), prefill 4 then 3 decode steps,
+    first differs where PREDICTED says. 8.4: with RoPE, positions that count the padding leave
+    the real tokens' scores as they are (a shared shift), a mask that shows the padding does not."""
+    torch.manual_seed(1)
+    x = torch.randn(1, 7, 32, dtype=torch.float64)
+    passes = ((0, 4), (4, 5), (5, 6), (6, 7))
+    for key, (step, H_kv) in {"positions": (_step(positions="zero"), 2), "repeat": (_step(heads="repeat"), 2),
+                              "repeat, H_kv = 1": (_step(heads="repeat"), 1)}.items():
+        layer = LlamaStyleAttention(32, num_heads=8, num_kv_heads=H_kv).double().eval()
+        Kc = Vc = torch.zeros(1, H_kv, 0, 4, dtype=torch.float64)
+        outs = []
+        with torch.no_grad():
+            for a, b in passes:
+                out, Kc, Vc = step(layer, x[:, a:b], Kc, Vc)
+                outs.append(out)
+            diff = (torch.cat(outs, dim=1) - layer(x)).abs().amax(dim=(0, 2))
+        first = "prefill" if diff[:4].max() > 1e-6 else "decode" if diff.max() > 1e-6 else "never"
+        assert first == PREDICTED[key], (key, diff)
+    q, k = torch.randn(2, 5, 8, dtype=torch.float64).unbind(0)
+    pos = torch.arange(5)
+    assert torch.allclose(apply_rope(q, pos) @ apply_rope(k, pos).T, apply_rope(q, pos + 3) @ apply_rope(k, pos + 3).T)

@@ -22,9 +22,11 @@ from ._core import (
 )
 
 __all__ = [
+    "check_llama_step_prediction",
     "check_llama_step_fix",
     "check_cache_bytes",
     "check_sink_ring_cache",
+    "check_padding_prediction",
     "check_left_padding",
 ]
 
@@ -120,6 +122,65 @@ def _step_cases():
         x = rng.normal(size=(2, 9, hidden))
         cases.append((W, x, ((0, 4), (4, 6), (6, 7), (7, 8), (8, 9)), H, H_kv, base))
     return cases
+
+
+# The prediction, graded before the fix: for each planted bug alone, the first pass whose outputs
+# differ from the layer on the whole sequence (a prefill of 4 tokens, then 3 decode steps).
+_PREDICT_TESTS = {"positions": ({"pos": "zero"}, 2), "repeat": ({"heads": "cycle"}, 2),
+                  "repeat, H_kv = 1": ({"heads": "cycle"}, 1)}  # (the bug, H_kv); H = 8
+_PREDICT_CHOICES = ("prefill", "decode", "never")
+_PREDICT_HINTS = {
+    "positions": "in a prefill from an empty cache, arange(T_new) IS each token's position; "
+                 "what is different about the tokens of the first decode step?",
+    "repeat": "write out which key/value head each of the 8 query heads reads with "
+              "Tensor.repeat and with repeat_interleave when H_kv = 2 (section 4's diagram); the "
+              "queries of a prefill read the keys too",
+    "repeat, H_kv = 1": "write out the list of key/value heads that Tensor.repeat and "
+                        "repeat_interleave give the 8 query heads when there is only one",
+}
+
+
+def _first_wrong_pass(bug: dict, H_kv: int, H: int = 8) -> str:
+    """Where the outputs of a LLaMA-style step with ``bug`` first differ from the right ones on
+    random weights: ``"prefill"``, ``"decode"`` or ``"never"``."""
+    rng = _rng(806)
+    hidden, d = 32, 4
+    W = {"q": rng.normal(0, 0.6, (H * d, hidden)), "k": rng.normal(0, 0.6, (H_kv * d, hidden)),
+         "v": rng.normal(size=(H_kv * d, hidden)), "o": rng.normal(size=(hidden, H * d))}
+    x = rng.normal(size=(1, 7, hidden))
+    passes = ((0, 4), (4, 5), (5, 6), (6, 7))
+    ref = _llama_passes(W, x, passes, H, H_kv, 10000.0)[0]
+    got = _llama_passes(W, x, passes, H, H_kv, 10000.0, **bug)[0]
+    if not _close(got[:, :4], ref[:, :4]):
+        return "prefill"
+    return "decode" if not _close(got, ref) else "never"
+
+
+@_checker
+def check_llama_step_prediction(first_wrong):
+    """``first_wrong``: for each bug of ``buggy_llama_step`` alone, ``"prefill"``, ``"decode"`` or
+    ``"never"``: the first pass whose outputs differ from the layer on the whole sequence, for
+    H = 8 query heads (``"positions"``, ``"repeat"``: H_kv = 2; ``"repeat, H_kv = 1"``), a
+    prefill of 4 tokens then 3 decode steps. The checker measures it itself, once all three
+    guesses are in."""
+    keys = tuple(_PREDICT_TESTS)
+    if not isinstance(first_wrong, dict) or set(first_wrong) != set(keys):
+        raise _Wrong(f"first_wrong must be a dict with the keys {list(keys)}; got {first_wrong!r}")
+    if any(v is None for v in first_wrong.values()):
+        raise _NotAttempted("write \"prefill\", \"decode\" or \"never\" for each bug in "
+                            "first_wrong; the measurement is shown once all three are filled in")
+    for key, guess in first_wrong.items():
+        if guess not in _PREDICT_CHOICES:
+            raise _Wrong(f"write \"prefill\", \"decode\" or \"never\" for {key!r}; got {guess!r}")
+    measured = {key: _first_wrong_pass(bug, H_kv) for key, (bug, H_kv) in _PREDICT_TESTS.items()}
+    shown = "; ".join(f"{key}: {measured[key]}" for key in keys)
+    off = [key for key in keys if first_wrong[key] != measured[key]]
+    if off:
+        raise _Wrong(f"measured: {shown}. Your guess for {', '.join(map(repr, off))} "
+                     f"{'was' if len(off) == 1 else 'were'} off: "
+                     + "; ".join(_PREDICT_HINTS[key] for key in off))
+    return (f"measured: {shown}. A test of a cached step needs a pass after the prefill and "
+            "1 < H_kv < H: the author's test (one pass, H_kv = H) had neither.")
 
 
 @_checker
@@ -458,6 +519,66 @@ _PAD_HINTS = {
 }
 _PAD_OPTIONS = {"padding": ("ok", "none", "inverted"), "causal": ("ok", "top_left", "none")}
 # ("inverted", "none") shows the same real rows as ("inverted", "ok"): it is never hinted
+
+
+_PADDING_CHOICES = ("positions", "mask", "both", "neither")
+
+
+def _padding_changes() -> dict:
+    """Whether each mistake alone changes the real tokens' outputs of a one-head RoPE attention
+    over a left-padded batch (a prefill; random weights): ``{"positions": bool, "mask": bool}``."""
+    rng = _rng(805)
+    d, T, pads = 8, 6, (3, 0, 1)
+    x = rng.normal(size=(len(pads), T, d))
+    Wq, Wk, Wv = (rng.normal(size=(d, d)) for _ in range(3))
+    real = np.ones((len(pads), T), dtype=bool)
+    for b, n in enumerate(pads):
+        real[b, :n] = False
+
+    def outputs(count_padding, mask_padding):
+        pos = np.broadcast_to(np.arange(T), real.shape) if count_padding else real.cumsum(1) - 1
+        out = np.zeros_like(x)
+        for b in range(len(pads)):
+            q, k = _rope(x[b] @ Wq, pos[b], 10000.0), _rope(x[b] @ Wk, pos[b], 10000.0)
+            allowed = _tril(T, T, 0) & (real[b][None] if mask_padding else True)
+            out[b] = _masked_attend(q, k, x[b] @ Wv, allowed)
+        return out[real]
+
+    right = outputs(False, True)
+    return {"positions": not _close(outputs(True, True), right),
+            "mask": not _close(outputs(False, False), right)}
+
+
+@_checker
+def check_padding_prediction(padding_prediction):
+    """``padding_prediction``: ``"positions"``, ``"mask"``, ``"both"`` or ``"neither"``: which
+    mistake alone changes the outputs of the real tokens in a layer with RoPE, positions that
+    count the padding or a mask that lets the queries see it. Measured by the checker."""
+    if padding_prediction is None:
+        raise _NotAttempted("padding_prediction is still None: write \"positions\", \"mask\", "
+                            "\"both\" or \"neither\" first")
+    if padding_prediction not in _PADDING_CHOICES:
+        raise _Wrong("write \"positions\", \"mask\", \"both\" or \"neither\"; got "
+                     f"{padding_prediction!r}")
+    changed = _padding_changes()
+    measured = {(True, True): "both", (True, False): "positions", (False, True): "mask",
+                (False, False): "neither"}[(changed["positions"], changed["mask"])]
+    pos_effect = "change the real tokens' outputs" if changed["positions"] else \
+        "leave the real tokens' outputs as they are"
+    shown = (f"measured: positions counting the padding {pos_effect}; a mask that lets queries "
+             f"see the padding {'changes' if changed['mask'] else 'leaves'} them")
+    if padding_prediction != measured:
+        why = {"positions": "RoPE scores depend on the difference of two positions only (notebook "
+                            "07): what does counting the padding do to the difference of two real "
+                            "tokens of one row?",
+               "mask": "a padding key that a query may see gets a share of the softmax's weight, "
+                       "and its value enters the output"}
+        predicted = {"positions": padding_prediction in ("positions", "both"),
+                     "mask": padding_prediction in ("mask", "both")}
+        raise _Wrong(f"{shown}: " + "; ".join(why[k] for k in predicted
+                                               if predicted[k] != changed[k]))
+    return (f"{shown}. With RoPE, a shift shared by a whole row cancels in every score; with "
+            "learned absolute positions (GPT-2) it would not.")
 
 
 @_checker

@@ -283,6 +283,73 @@ def params_raises(config):
     return config["num_kv_heads"]  # a key the config does not have
 
 
+# 4.3's prediction: Llama 3 8B by hand. W_q, W_o: 4096 x 4096 each; W_k, W_v: 4096 x (8 * 128)
+LLAMA_GQA = 2 * 4096 * 4096 + 2 * 4096 * 8 * 128
+LLAMA_MHA = 4 * 4096 * 4096
+RATIO = LLAMA_GQA / LLAMA_MHA  # 5/8
+
+
+# 4.4 ------------------------------------------------------------------------------------------
+def pad_positions(lengths, T, padding_side):
+    return torch.stack([torch.arange(T) >= n if padding_side == "right" else torch.arange(T) < T - n
+                        for n in lengths])
+
+
+def pad_ok(lengths, T, causal, padding_side):  # loops, written apart from the checker's reference
+    pad = pad_positions(lengths, T, padding_side)
+    return [[any(pad[b, j] for j in range(T) if not causal or j <= i) for i in range(T)]
+            for b in range(len(lengths))]
+
+
+def pad_ints(lengths, T, causal, padding_side):
+    return np.array(pad_ok(lengths, T, causal, padding_side), dtype=int)
+
+
+def pad_only(lengths, T, causal, padding_side):
+    return pad_positions(lengths, T, padding_side)
+
+
+def pad_real_only(lengths, T, causal, padding_side):
+    pad = pad_positions(lengths, T, padding_side)
+    return ~pad & pad.any(-1, keepdim=True)
+
+
+def pad_ignores_causal(lengths, T, causal, padding_side):
+    return pad_ok(lengths, T, False, padding_side)
+
+
+def pad_strict(lengths, T, causal, padding_side):
+    pad = pad_positions(lengths, T, padding_side)
+    return [[any(pad[b, j] for j in range(T) if not causal or j < i) for i in range(T)]
+            for b in range(len(lengths))]
+
+
+def pad_swapped(lengths, T, causal, padding_side):
+    return pad_ok(lengths, T, causal, {"left": "right", "right": "left"}[padding_side])
+
+
+def pad_all(lengths, T, causal, padding_side):
+    return torch.ones(len(lengths), T, dtype=torch.bool)
+
+
+def pad_none(lengths, T, causal, padding_side):
+    return torch.zeros(len(lengths), T, dtype=torch.bool)
+
+
+def pad_other(lengths, T, causal, padding_side):
+    out = torch.tensor(pad_ok(lengths, T, causal, padding_side))
+    out[0, 0] = ~out[0, 0]
+    return out
+
+
+def pad_wrong_shape(lengths, T, causal, padding_side):
+    return torch.tensor(pad_ok(lengths, T, causal, padding_side)).T
+
+
+def pad_counts(lengths, T, causal, padding_side):
+    return np.array(pad_ok(lengths, T, causal, padding_side), dtype=int) * 2
+
+
 def buggy_as_in_the_notebook(X, W_q, W_k, W_v, W_o, num_heads):
     """Exercise 4.1's buggy function, copied from the notebook."""
     B, T, _ = X.shape
@@ -351,12 +418,37 @@ CASES = [
     (ex.check_duplicate_token_head, (dup_oldest_first,), False, "the most recent must win"),
     (ex.check_duplicate_token_head, (dup_bos_too_big,), False, "must score higher than BOS"),
     (ex.check_duplicate_token_head, (dup_no_bos,), False, "should rest on BOS"),
-    (ex.check_duplicate_token_head, (dup_no_bos_no_step,), False, "BOS needs its own score term"),
+    (ex.check_duplicate_token_head, (dup_no_bos_no_step,), False, "nothing in your scores sets BOS apart"),
     (ex.check_duplicate_token_head, (dup_same_too_small,), False, "must score higher than BOS"),
     (ex.check_duplicate_token_head, (dup_transposed,), False, "looks transposed"),
     (ex.check_duplicate_token_head, (dup_inf,), False, "not inf"),
     (ex.check_duplicate_token_head, (dup_one_matrix,), False, "return the pair (W_q, W_k)"),
     (ex.check_duplicate_token_head, (dup_overflow,), False, "overflow to inf"),
+    (ex.check_gqa_prediction, (RATIO,), True, f"measured: {LLAMA_GQA:,} against {LLAMA_MHA:,}"),
+    (ex.check_gqa_prediction, (5 / 8 + 0.004,), True, OK),
+    (ex.check_gqa_prediction, (torch.tensor(0.625),), True, OK),
+    (ex.check_gqa_prediction, (None,), None, NA),
+    (ex.check_gqa_prediction, (1,), False, "something in the layer shrinks"),
+    (ex.check_gqa_prediction, (8 / 32,), False, "you shrank all four matrices"),
+    (ex.check_gqa_prediction, ((1 + 1 + 1 + 0.25) / 4,), False, "you shrank one of W_k and W_v"),
+    (ex.check_gqa_prediction, ((1 + 3 * 0.25) / 4,), False, "you shrank W_q or W_o as well"),
+    (ex.check_gqa_prediction, (1 / RATIO,), False, "upside down"),
+    (ex.check_gqa_prediction, (0.7,), False, "your ratio 0.7 is off"),
+    (ex.check_gqa_prediction, ("0.625",), False, "must be a number"),
+    (ex.check_gqa_prediction, (True,), False, "must be a number"),
+    (ex.check_padding_changes, (pad_ok,), True, "only the padding rows change"),
+    (ex.check_padding_changes, (pad_ints,), True, OK),
+    (ex.check_padding_changes, (stub,), None, NA),
+    (ex.check_padding_changes, (pad_only,), False, "you marked the padding positions"),
+    (ex.check_padding_changes, (pad_real_only,), False, "the padding positions are queries too"),
+    (ex.check_padding_changes, (pad_ignores_causal,), False, "can a real token see padding that comes after"),
+    (ex.check_padding_changes, (pad_strict,), False, "keeps the diagonal"),
+    (ex.check_padding_changes, (pad_swapped,), False, "'left' before them"),
+    (ex.check_padding_changes, (pad_all,), False, "a sequence of full length has no padding"),
+    (ex.check_padding_changes, (pad_none,), False, "their outputs change"),
+    (ex.check_padding_changes, (pad_other,), False, "sequence 0 (length 6) is wrong"),
+    (ex.check_padding_changes, (pad_wrong_shape,), False, "expected (B, T) = (3, 6)"),
+    (ex.check_padding_changes, (pad_counts,), False, "return True/False"),
     (ex.check_attention_parameters, (params_ok,), True, "2,362,368"),
     (ex.check_attention_parameters, (params_float,), True, OK),
     (ex.check_attention_parameters, (stub,), None, NA),
@@ -374,6 +466,14 @@ CASES = [
     (ex.check_attention_parameters, (params_other,), False, "which is not the count"),
     (ex.check_attention_parameters, (params_raises,), False, "on the config {'hidden_size': 768"),
 ]
+
+
+@pytest.fixture(autouse=True)
+def fresh_hints():
+    """4.2's hints are graded (a repeated mistake gets a more specific one): start each test fresh."""
+    nb04._HINTS_GIVEN.clear()
+    yield
+    nb04._HINTS_GIVEN.clear()
 
 
 @pytest.mark.parametrize("checker, answers, expected, phrase", CASES, ids=[case_id(c) for c in CASES])
@@ -439,3 +539,56 @@ def test_duplicate_token_target_by_hand():
     assert nb04.duplicate_token_target([0, 1, 2, 1, 3, 1, 2]).tolist() == [0, 0, 0, 1, 0, 3, 2]
     X = nb04.duplicate_token_inputs([0, 2, 1], 3)
     assert X.tolist() == [[1, 0, 0, 1, 0, 0], [0, 0, 1, 0, 1, 0], [0, 1, 0, 0, 0, 1]]
+
+
+@pytest.mark.parametrize("answer, first, more", [
+    (dup_no_self_penalty, "on itself", "the one-hot positions can name it"),
+    (dup_no_recency, "the most recent must win", "can add a score that grows with it"),
+    (dup_weak, "too close together", "scale W_q or W_k up"),
+    (dup_no_bos, "should rest on BOS", "BOS's key must outscore every other key"),
+    (dup_no_bos_no_step, "sets BOS apart", "a score term of its own"),
+    (dup_same_too_small, "must score higher than BOS", "the match must be the larger"),
+])
+def test_duplicate_token_hints_are_graded(capsys, answer, first, more):
+    """The first hint names the kind of mistake; the same mistake again adds a specific pointer."""
+    ex.check_duplicate_token_head(answer)
+    once = capsys.readouterr().out
+    ex.check_duplicate_token_head(answer)
+    twice = capsys.readouterr().out
+    assert first in once and more not in once and "more specific hint" in once, once
+    assert first in twice and more in twice, twice
+
+
+def test_padding_reference_is_measured_with_nn_multihead_attention():
+    """On every hidden batch, nn.MultiheadAttention with random weights, run without and with
+    key_padding_mask, changes exactly the outputs the checker's reference names (a query whose
+    keys are all padding gives nan: changed too)."""
+    torch.manual_seed(0)
+    for lengths, T, causal, side in nb04._PAD_CASES:
+        layer = torch.nn.MultiheadAttention(8, 2, batch_first=True).eval()
+        x = torch.randn(len(lengths), T, 8)
+        blocked = torch.ones(T, T, dtype=torch.bool).triu(1) if causal else None  # True = blocked
+        pad = pad_positions(lengths, T, side)
+        with torch.no_grad():
+            before = layer(x, x, x, attn_mask=blocked, need_weights=False)[0]
+            after = layer(x, x, x, attn_mask=blocked, key_padding_mask=pad, need_weights=False)[0]
+        diff = (after - before).abs().amax(-1)
+        changed = diff.isnan() | (diff > 1e-4)
+        assert ((diff < 1e-6) | changed).all()  # every output either kept or clearly moved
+        assert changed.tolist() == nb04._changed_variant(lengths, T, causal, side).tolist()
+        assert changed.tolist() == pad_ok(lengths, T, causal, side)
+
+
+def test_padding_mistakes_are_distinguishable():
+    """Each named way of reasoning gives its own answers on the hidden batches, never the right ones."""
+    def answers(how):
+        return tuple(nb04._changed_variant(*case, how=how).tobytes() for case in nb04._PAD_CASES)
+
+    table = [answers(how) for how in nb04._PAD_MISTAKES]
+    assert len(set(table)) == len(table) and answers("right") not in table
+
+
+def test_gqa_mistake_ratios_are_distinct():
+    values = [v for _, v in nb04._gqa_ratio_mistakes(nb04.LLAMA3_8B)]
+    assert min(abs(a - b) for i, a in enumerate(values + [RATIO]) for b in (values + [RATIO])[i + 1:]) > 0.05
+    assert nb04.attention_parameter_count(nb04.LLAMA3_8B) == LLAMA_GQA

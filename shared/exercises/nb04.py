@@ -12,10 +12,15 @@ against. Answers computed in float32 are accepted (the tolerances are float32's)
   the keys' columns) gives a different output on every hidden case, so a hint names exactly the
   mistakes left; an inverted mask is the only one that gives nan, and has its own hint.
 * 4.2 ``check_duplicate_token_head``: design ``W_q``, ``W_k`` for a head that attends to the most
-  recent earlier occurrence of the current token (else to ``BOS``).
+  recent earlier occurrence of the current token (else to ``BOS``). Graded hints: the first time a
+  kind of mistake shows, the hint names it; when it shows again, a more specific pointer follows.
 * 4.3 ``check_attention_parameters``: the parameter count of one attention layer from a
   Hugging-Face-style config (grouped-query attention, an explicit ``head_dim``, biases); on the
-  hidden configs every named mistake gives its own set of numbers.
+  hidden configs every named mistake gives its own set of numbers. ``check_gqa_prediction``
+  grades the predicted Llama 3 8B / ordinary-heads ratio first, then shows the counts.
+* 4.4 ``check_padding_changes``: which outputs of self-attention change when a
+  ``key_padding_mask`` is added, for right or left padding, with or without a causal mask; every
+  named wrong way of reasoning gives its own answers on the hidden batches.
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ __all__ = [
     "check_fixed_multi_head",
     "check_duplicate_token_head",
     "check_attention_parameters",
+    "check_gqa_prediction",
+    "check_padding_changes",
 ]
 
 # float32 answers to float64 questions: ~1e-7 relative error per operation, a few operations deep
@@ -294,6 +301,18 @@ def _duplicate_sequences(rng: np.random.Generator, V: int, T: int) -> list[list[
 
 _DUP_CASES = ((5, 10), (4, 12), (7, 9))  # (vocab_size, T): BOS is token 0
 
+# Graded hints: the first time a kind of mistake shows, the hint names it; if the same kind shows
+# again in a later run, the hint adds a more specific pointer (never the weights themselves).
+_HINTS_GIVEN: dict[str, int] = {}
+
+
+def _graded(kind: str, first: str, more: str) -> str:
+    seen = _HINTS_GIVEN.get(kind, 0)
+    _HINTS_GIVEN[kind] = seen + 1
+    if seen == 0:
+        return first + " (the same mistake again gets a more specific hint)"
+    return f"{first}; more specifically: {more}"
+
 
 @_checker
 def check_duplicate_token_head(duplicate_token_head):
@@ -340,35 +359,50 @@ def check_duplicate_token_head(duplicate_token_head):
                 if a == t:
                     ties = [j for j in range(i + 1) if j != t and abs(S[i, j] - S[i, t]) < 1e-9]
                     if ties and t == 0:
-                        raise _Wrong(f"{where} (BOS), but key {ties[0]} scores exactly as much, so "
-                                     "scaling cannot separate them: BOS needs its own score term "
-                                     "(a bonus for key 0) for queries whose token has not appeared")
+                        raise _Wrong(_graded(
+                            "tie-bos", f"{where} (BOS), but key {ties[0]} scores exactly as much, "
+                            "so no scaling can separate them: nothing in your scores sets BOS "
+                            "apart when no token matches",
+                            "BOS needs a score term of its own (a bonus on key 0)"))
                     if ties:
-                        raise _Wrong(f"{where}, the right key, but key {ties[0]} scores exactly as "
-                                     "much, so scaling cannot separate them: some term must tell "
-                                     "them apart")
-                    raise _Wrong(f"{where}, the right key, but not 0.9: make the scores larger "
-                                 "(scale W_q or W_k up)")
+                        raise _Wrong(_graded(
+                            "tie", f"{where}, the right key, but key {ties[0]} scores exactly as "
+                            "much, so no scaling can separate them",
+                            "some term must differ between those two keys: what do they not "
+                            "share?"))
+                    raise _Wrong(_graded(
+                        "weak", f"{where}, the right key, but not 0.9: the scores are too close "
+                        "together", "make every score larger (scale W_q or W_k up)"))
                 if a == i:
-                    raise _Wrong(f"{where} and {A[i, a]:.2f} on itself: its own key always has "
-                                 "the same token; give the diagonal (query position = key "
-                                 "position) a large negative score")
+                    raise _Wrong(_graded(
+                        "self", f"{where} and {A[i, a]:.2f} on itself: its own key always holds "
+                        "the same token as the query",
+                        "some term must score the key at the query's own position low; the "
+                        "one-hot positions can name it"))
                 if tokens[a] == tok and a < t:
-                    raise _Wrong(f"{where} and {A[i, a]:.2f} on key {a}, an older occurrence "
-                                 f"of token {tok}: among equal tokens the most recent must win; "
-                                 "add a score that grows with the key's position")
+                    raise _Wrong(_graded(
+                        "recency", f"{where} and {A[i, a]:.2f} on key {a}, an older occurrence "
+                        f"of token {tok}: among equal tokens the most recent must win",
+                        "nothing in your scores prefers a later key; the key's one-hot position "
+                        "can add a score that grows with it"))
                 if a == 0 and t != 0:
-                    raise _Wrong(f"{where} and {A[i, 0]:.2f} on BOS (key 0), though token "
-                                 f"{tok} appeared at position {t}: a same-token key must score "
-                                 "higher than BOS")
+                    raise _Wrong(_graded(
+                        "bos-wins", f"{where} and {A[i, 0]:.2f} on BOS (key 0), though token "
+                        f"{tok} appeared at position {t}: a same-token key must score higher "
+                        "than BOS",
+                        "compare your token-match term with BOS's bonus: the match must be "
+                        "the larger"))
                 if t == 0:
-                    raise _Wrong(f"{where} (BOS) and {A[i, a]:.2f} on key {a}: token {tok} "
-                                 "has not appeared before, so the query should rest on BOS; "
-                                 "give BOS's key a bonus larger than any other key's score "
-                                 "when no token matches")
-                raise _Wrong(f"{where} and {A[i, a]:.2f} on key {a} (token {tokens[a]}), "
-                             f"which is not token {tok}: the same-token score must beat every "
-                             "other term")
+                    raise _Wrong(_graded(
+                        "rest-on-bos", f"{where} (BOS) and {A[i, a]:.2f} on key {a}: token {tok} "
+                        "has not appeared before, so the query should rest on BOS",
+                        "when no token matches, BOS's key must outscore every other key, "
+                        "including what your position terms give the latest one"))
+                raise _Wrong(_graded(
+                    "other-token", f"{where} and {A[i, a]:.2f} on key {a} (token {tokens[a]}), "
+                    f"which is not token {tok}: the same-token score must beat every other term",
+                    "compare the size of your token-match term with your largest position or "
+                    "BOS term"))
     return "every query finds the latest earlier copy of its token, or BOS: a duplicate-token head."
 
 
@@ -483,3 +517,156 @@ def check_attention_parameters(attention_parameters):
                  "is not the count: add up W_q (hidden_size, num_attention_heads * head_dim), "
                  "W_k and W_v (hidden_size, num_key_value_heads * head_dim each), W_o, and the "
                  "biases when attention_bias")
+
+
+# The prediction of exercise 4.3, graded before the learner counts: Llama 3 8B's attention layer
+# (grouped-query, 8 key/value heads) against the same layer with 32 ordinary heads.
+LLAMA3_8B = {"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
+             "head_dim": 128, "attention_bias": False}
+
+
+def _gqa_ratio_mistakes(cfg: dict) -> list[tuple[str, float]]:
+    """(hint, the ratio that mistake predicts) for the GQA / ordinary parameter ratio."""
+    d, H, H_kv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    q = H * cfg["head_dim"]
+    full = d * q * 4
+    kv_small = d * H_kv * cfg["head_dim"]
+    right = (2 * d * q + 2 * kv_small) / full
+    return [
+        ("grouped-query attention has fewer key/value heads: something in the layer shrinks",
+         1.0),
+        (f"you shrank all four matrices by num_key_value_heads / num_attention_heads = "
+         f"{H_kv}/{H}: which projections have one head per query head, and which one per "
+         "key/value head?", H_kv / H),
+        ("you shrank one of W_k and W_v: keys and values both have num_key_value_heads heads",
+         (2 * d * q + kv_small + d * q) / full),
+        ("you shrank W_q or W_o as well: they keep all num_attention_heads query heads",
+         (d * q + 3 * kv_small) / full),
+        ("your ratio is upside down: my_ratio is the grouped-query layer's count divided by the "
+         "ordinary layer's", 1 / right),
+    ]
+
+
+@_checker
+def check_gqa_prediction(my_ratio):
+    """``my_ratio``: Llama 3 8B's attention parameters per layer divided by those of the same
+    layer with ordinary heads (``num_key_value_heads`` = ``num_attention_heads``), predicted
+    before counting; the checker then shows the measured counts."""
+    if my_ratio is None:
+        raise _NotAttempted("write your predicted ratio (a number) into my_ratio; the counts are "
+                            "shown once it is filled in")
+    if isinstance(my_ratio, torch.Tensor) and my_ratio.numel() == 1:
+        my_ratio = my_ratio.item()
+    if isinstance(my_ratio, bool) or not isinstance(my_ratio, numbers.Real) \
+            or not math.isfinite(my_ratio):
+        raise _Wrong(f"my_ratio must be a number (e.g. 0.9); got {my_ratio!r}")
+    ordinary = {**LLAMA3_8B, "num_key_value_heads": LLAMA3_8B["num_attention_heads"]}
+    gqa, mha = attention_parameter_count(LLAMA3_8B), attention_parameter_count(ordinary)
+    measured = f"measured: {gqa:,} against {mha:,} parameters per layer"
+    if abs(my_ratio - gqa / mha) <= 0.01:
+        return (f"{measured}, a ratio of {gqa / mha:.4g}: only W_k and W_v shrink, to a quarter; "
+                "W_q and W_o keep all 32 heads.")
+    for hint, value in _gqa_ratio_mistakes(LLAMA3_8B):
+        if abs(my_ratio - value) <= 0.01:
+            raise _Wrong(f"{measured}; {hint}")
+    raise _Wrong(f"{measured}; your ratio {my_ratio:.4g} is off: write each of W_q, W_k, W_v and "
+                 "W_o's size in both layers, then divide the totals")
+
+
+# --------------------------------------------------------------------------------------------
+# 4.4 Which outputs does a key padding mask change?
+# --------------------------------------------------------------------------------------------
+# (lengths, T, causal, padding_side): every combination of a causal mask and a padding side, each
+# batch with one unpadded sequence and one with a single real token
+_PAD_CASES = (
+    ([6, 4, 1], 6, True, "right"),
+    ([3, 5, 1, 4], 5, False, "right"),
+    ([2, 6, 1, 5], 6, True, "left"),
+    ([4, 1, 4, 2], 4, False, "left"),
+)
+
+
+def padding_positions(lengths, T: int, padding_side: str) -> np.ndarray:
+    """``(B, T)`` bool: True where sequence b holds padding (the ``key_padding_mask``)."""
+    pos = np.arange(T)[None, :]
+    L = np.asarray(lengths)[:, None]
+    return pos >= L if padding_side == "right" else pos < T - L
+
+
+def _changed_variant(lengths, T, causal, padding_side, how="right"):
+    """``(B, T)`` bool: query i's output changes when key_padding_mask is added iff a padding key
+    is among the keys it may see; ``how`` names a typical wrong way to reason it out."""
+    side = padding_side
+    if how == "sides swapped":
+        side = {"left": "right", "right": "left"}[padding_side]
+    pad = padding_positions(lengths, T, side)
+    i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+    sees = np.ones((T, T), dtype=bool)
+    if causal and how != "ignores causal":
+        sees = j < i if how == "strictly earlier" else j <= i
+    changed = (pad[:, None, :] & sees[None]).any(-1)  # (B, T)
+    has_pad = pad.any(-1, keepdims=True)
+    if how == "padding only":
+        return pad
+    if how == "real only":
+        return ~pad & has_pad
+    if how == "every position":
+        return np.ones_like(pad)
+    if how == "nothing":
+        return np.zeros_like(pad)
+    return changed
+
+
+_PAD_MISTAKES = {
+    "padding only": "you marked the padding positions, where key_padding_mask is True; the "
+                    "question is whose output changes: a query's output changes when a padding "
+                    "key was among the keys it could see",
+    "real only": "the padding positions are queries too: their outputs change as well",
+    "ignores causal": "with a causal mask, query i sees only keys 0..i: can a real token see "
+                      "padding that comes after it?",
+    "strictly earlier": "the causal mask keeps the diagonal: query i also sees its own key i",
+    "sides swapped": "padding_side='right' puts the padding after the real tokens, 'left' "
+                     "before them",
+    "every position": "a sequence of full length has no padding: its key_padding_mask row is "
+                      "all False, so none of its outputs change",
+    "nothing": "the mask removes keys that some queries could see before: their outputs change",
+}
+
+
+@_checker
+def check_padding_changes(changed_by_padding_mask):
+    """``changed_by_padding_mask(lengths, T, causal, padding_side)`` -> ``(B, T)`` bool: True
+    where self-attention's output (random weights) changes when ``key_padding_mask`` is added, for
+    a batch of sequences of real lengths ``lengths`` padded to ``T`` on ``padding_side``
+    ('right' or 'left'), with a causal mask when ``causal``."""
+    answers = []
+    for lengths, T, causal, side in _PAD_CASES:
+        where = f"lengths = {lengths}, T = {T}, causal = {causal}, padding_side = {side!r}"
+        ans = _call(changed_by_padding_mask, list(lengths), T, causal, side,
+                    name="changed_by_padding_mask", on_error=f"on {where}")
+        got = _arr(ans, "your answer")
+        if got.shape != (len(lengths), T):
+            raise _Wrong(f"your answer has shape {got.shape}; expected (B, T) = "
+                         f"{(len(lengths), T)} (on {where})")
+        if got.dtype != bool:
+            if not np.isin(got, (0, 1)).all():
+                raise _Wrong(f"return True/False (or 1/0) per position; got values like "
+                             f"{got.ravel()[~np.isin(got.ravel(), (0, 1))][0]!r} (on {where})")
+            got = got.astype(bool)
+        answers.append(got)
+    refs = [_changed_variant(*case) for case in _PAD_CASES]
+    if all(np.array_equal(a, r) for a, r in zip(answers, refs, strict=True)):
+        return ("an output changes exactly where its query could see a padding key. With a "
+                "causal mask and right padding only the padding rows change; with left padding "
+                "or no causal mask every row of a padded sequence does.")
+    for how, hint in _PAD_MISTAKES.items():
+        if all(np.array_equal(a, _changed_variant(*case, how=how))
+               for a, case in zip(answers, _PAD_CASES, strict=True)):
+            raise _Wrong(hint)
+    k = next(k for k, (a, r) in enumerate(zip(answers, refs, strict=True))
+             if not np.array_equal(a, r))
+    lengths, T, causal, side = _PAD_CASES[k]
+    b = int(np.argwhere((answers[k] != refs[k]).any(-1))[0][0])
+    raise _Wrong(f"for lengths = {lengths}, T = {T}, causal = {causal}, padding_side = {side!r}, "
+                 f"sequence {b} (length {lengths[b]}) is wrong: for each query, list the keys it "
+                 "may see and ask whether one of them is padding")

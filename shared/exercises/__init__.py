@@ -25,15 +25,15 @@ The exercises, by notebook (the checker names say what they check):
 * 03: ``check_sliding_window_attention``, ``check_window_pairs``, ``check_stacked_reach``,
   ``check_expected_empty_rows``, ``check_causal_bug_fix``.
 * 04: ``check_bug_prediction``, ``check_fixed_multi_head``, ``check_duplicate_token_head``,
-  ``check_attention_parameters``.
+  ``check_attention_parameters``, ``check_gqa_prediction``, ``check_padding_changes``.
 * 05: ``check_time_call``, ``check_merge_partials``, ``check_saved_probs_fraction``,
   ``check_flash_block_sizes``, ``check_largest_head_dim``, ``check_tiled_extra_bytes``.
 * 06: ``check_restart_loss``, ``check_position_mean_ablation``, ``check_k_composition``,
   ``check_fixed_period_shortcut``.
 * 07: ``check_ntk_base``, ``check_shift_change``, ``check_to_half_split``,
   ``check_alibi_mass_beyond``.
-* 08: ``check_llama_step_fix``, ``check_cache_bytes``, ``check_sink_ring_cache``,
-  ``check_left_padding``.
+* 08: ``check_llama_step_prediction``, ``check_llama_step_fix``, ``check_cache_bytes``,
+  ``check_sink_ring_cache``, ``check_padding_prediction``, ``check_left_padding``.
 * 09: ``check_weight_name``, ``check_punctuation_score``, ``check_punctuation_guess``,
   ``check_silenced_heads``, ``check_silencing_prediction``.
 * 10: ``check_temperature_grad``, ``check_bias_grads``, ``check_fixed_backward``,

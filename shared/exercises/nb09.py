@@ -143,7 +143,8 @@ def check_replace_prediction(my_prediction):
         raise _NotAttempted("write the set of parts you predict tempting_map_name gets wrong in "
                             "my_prediction; the names it really gets wrong are shown once it is "
                             "filled in")
-    if isinstance(my_prediction, str) or not isinstance(my_prediction, (set, frozenset, list, tuple)):
+    if isinstance(my_prediction, str) or not isinstance(my_prediction,
+                                                        (set, frozenset, list, tuple)):
         raise _Wrong(f"my_prediction must be a set of parts such as {{'intermediate.dense'}}; got "
                      f"{my_prediction!r}")
     unknown = [p for p in my_prediction if p not in _LAYER_PARTS]
@@ -165,8 +166,8 @@ def check_replace_prediction(my_prediction):
                      "fires inside a longer part")
     shown = "; ".join(f"{name!r} -> {got!r}" for name, got in broken.values())
     return (f"measured on layer 0: {shown}. 'output.dense' and 'output.LayerNorm' are also the "
-            "ends of 'attention.output.dense' and 'attention.output.LayerNorm', and their rules run "
-            "first.")
+            "ends of 'attention.output.dense' and 'attention.output.LayerNorm', and their rules "
+            "run first.")
 
 
 @_checker

@@ -261,6 +261,14 @@ def silence_pooled(model, ids, mask, heads):
 
 C = ex
 CASES = [
+    (C.check_replace_prediction, ({"attention.output.dense", "attention.output.LayerNorm"},), True,
+     "their rules run first"),
+    (C.check_replace_prediction, (None,), None, "my_prediction"),
+    (C.check_replace_prediction, ({"attention.output.dense"},), False, "you found 1 of the 2"),
+    (C.check_replace_prediction, ({"output.dense", "attention.output.dense"},), False,
+     "'output.dense' maps right"),
+    (C.check_replace_prediction, (set(),), False, "some parts do go wrong"),
+    (C.check_replace_prediction, ({"pooler.dense"},), False, "not one of the 8 layer parts"),
     (C.check_weight_name, (map_ok,), True, OK),
     (C.check_weight_name, (stub,), None, NA),
     (C.check_weight_name, (stub_raises,), None, NA),
@@ -329,7 +337,7 @@ def test_checker(capsys, checker, answers, expected, phrase):
 
 def test_every_checker_is_covered_three_ways():
     """Each checker: a correct answer, the stub, and at least two different wrong answers."""
-    assert CHECKERS == ["check_weight_name", "check_punctuation_score", "check_punctuation_guess",
+    assert CHECKERS == ["check_replace_prediction", "check_weight_name", "check_punctuation_score", "check_punctuation_guess",
                         "check_silenced_heads", "check_silencing_prediction"]
     for name in CHECKERS:
         results = [c[2] for c in CASES if c[0].__name__ == name]
@@ -408,3 +416,12 @@ def test_checkers_never_raise_on_odd_answers(capsys):
             out = capsys.readouterr().out
             assert result.passed in (None, False), (name, answer, out)
             assert out.count("\n") == 1, (name, out)
+
+
+def test_replace_prediction_truth_matches_the_notebooks_mapper():
+    """The parts check_replace_prediction calls broken are exactly those that the notebook's
+    str.replace mapper (REPLACEMENTS above, as in the notebook) maps differently from map_ok."""
+    broken = {part for part in PARTS
+              if map_by_replace(f"encoder.layer.7.{part}.bias") != map_ok(f"encoder.layer.7.{part}.bias")}
+    assert broken == {"attention.output.dense", "attention.output.LayerNorm"}
+    assert set(ex.nb09._broken_parts()) == broken

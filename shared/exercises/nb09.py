@@ -27,6 +27,7 @@ from ._core import (
 )
 
 __all__ = [
+    "check_replace_prediction",
     "check_weight_name",
     "check_punctuation_score",
     "check_punctuation_guess",
@@ -98,6 +99,75 @@ def _name_hint(name: str, got, expected) -> str:
         if ".attention.self." in name:
             return f"{shown}: query, key and value are W_query, W_key and W_value of the attention"
     return shown
+
+
+_LAYER_PARTS = ("attention.self.query", "attention.self.key", "attention.self.value",
+                "attention.output.dense", "attention.output.LayerNorm", "intermediate.dense",
+                "output.dense", "output.LayerNorm")
+_REPLACEMENTS = [  # the notebook's tempting mapper: (their part, our part), applied in this order
+    ("encoder.layer.", "layers."),
+    ("attention.self.query", "attention.W_query"),
+    ("attention.self.key", "attention.W_key"),
+    ("attention.self.value", "attention.W_value"),
+    ("output.dense", "ff_out"),
+    ("attention.output.dense", "attention.out_proj"),
+    ("intermediate.dense", "ff_in"),
+    ("output.LayerNorm", "norm2"),
+    ("attention.output.LayerNorm", "norm1"),
+]
+
+
+def _by_replacing(name: str) -> str:
+    for theirs, ours in _REPLACEMENTS:
+        name = name.replace(theirs, ours)
+    return name
+
+
+def _broken_parts() -> dict[str, tuple[str, str]]:
+    """{part: (the name of layer 0's weight, what the replacing mapper makes of it)} for every
+    layer part the replacing mapper maps wrong."""
+    broken = {}
+    for part in _LAYER_PARTS:
+        name = f"encoder.layer.0.{part}.weight"
+        if _by_replacing(name) != hf_to_ours(name):
+            broken[part] = (name, _by_replacing(name))
+    return broken
+
+
+@_checker
+def check_replace_prediction(my_prediction):
+    """``my_prediction``: the set of layer parts (from ``attention.self.query`` ...
+    ``output.LayerNorm``) whose names the notebook's ``tempting_map_name`` maps wrong, predicted
+    before running it on them. Graded against the mapper run on every part."""
+    if my_prediction is None:
+        raise _NotAttempted("write the set of parts you predict tempting_map_name gets wrong in "
+                            "my_prediction; the names it really gets wrong are shown once it is "
+                            "filled in")
+    if isinstance(my_prediction, str) or not isinstance(my_prediction,
+                                                        (set, frozenset, list, tuple)):
+        raise _Wrong(f"my_prediction must be a set of parts such as {{'intermediate.dense'}}; got "
+                     f"{my_prediction!r}")
+    unknown = [p for p in my_prediction if p not in _LAYER_PARTS]
+    if unknown:
+        raise _Wrong(f"{unknown[0]!r} is not one of the 8 layer parts: choose from "
+                     f"{', '.join(_LAYER_PARTS)}")
+    broken, guessed = _broken_parts(), set(my_prediction)
+    right = sorted(guessed - set(broken))
+    if right:
+        name = f"encoder.layer.0.{right[0]}.weight"
+        raise _Wrong(f"{right[0]!r} maps right ({name!r} -> {_by_replacing(name)!r}): a part "
+                     "goes wrong only when a rule meant for another part also fires on it")
+    if not guessed:
+        raise _Wrong("some parts do go wrong: a replacement can fire inside a longer name it was "
+                     "not meant for. Which rule's text also appears inside another part?")
+    if guessed != set(broken):
+        raise _Wrong(f"you found {len(guessed)} of the {len(broken)} parts it gets wrong; the "
+                     "others break for the same reason: a shorter part's rule, applied first, "
+                     "fires inside a longer part")
+    shown = "; ".join(f"{name!r} -> {got!r}" for name, got in broken.values())
+    return (f"measured on layer 0: {shown}. 'output.dense' and 'output.LayerNorm' are also the "
+            "ends of 'attention.output.dense' and 'attention.output.LayerNorm', and their rules "
+            "run first.")
 
 
 @_checker

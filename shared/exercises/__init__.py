@@ -34,8 +34,8 @@ The exercises, by notebook (the checker names say what they check):
   ``check_alibi_mass_beyond``.
 * 08: ``check_llama_step_prediction``, ``check_llama_step_fix``, ``check_cache_bytes``,
   ``check_sink_ring_cache``, ``check_padding_prediction``, ``check_left_padding``.
-* 09: ``check_weight_name``, ``check_punctuation_score``, ``check_punctuation_guess``,
-  ``check_silenced_heads``, ``check_silencing_prediction``.
+* 09: ``check_replace_prediction``, ``check_weight_name``, ``check_punctuation_score``,
+  ``check_punctuation_guess``, ``check_silenced_heads``, ``check_silencing_prediction``.
 * 10: ``check_temperature_grad``, ``check_bias_grads``, ``check_fixed_backward``,
   ``check_attention_saved_bytes``, ``check_memory_crossover``.
 * 11: ``check_chunked_causal``, ``check_window_bug``, ``check_tile_counts``,

@@ -101,6 +101,69 @@ def test_sliding_window_hints(capsys, answer, hint):
     assert result.passed is False and hint in out, out
 
 
+# 3.1 (a) as the notebook poses it: the learner writes band_mask, a given subclass of section 6's
+# module registers it as its buffer ------------------------------------------------------------
+class NotebookCausal(torch.nn.Module):  # section 6's MyCausalAttention, written out again here
+    def __init__(self, d_in, d_out, context_length):
+        super().__init__()
+        self.W_query = torch.nn.Linear(d_in, d_out, bias=False)
+        self.W_key = torch.nn.Linear(d_in, d_out, bias=False)
+        self.W_value = torch.nn.Linear(d_in, d_out, bias=False)
+        self.register_buffer("mask", torch.ones(context_length, context_length, dtype=torch.bool).tril(),
+                             persistent=False)
+
+    def forward(self, x):
+        T = x.shape[1]
+        s = self.W_query(x) @ self.W_key(x).transpose(1, 2) / self.W_key.out_features ** 0.5
+        return torch.softmax(s.masked_fill(~self.mask[:T, :T], float("-inf")), dim=-1) @ self.W_value(x)
+
+
+def window_module(band_mask):
+    class SlidingWindowAttention(NotebookCausal):
+        def __init__(self, d_in, d_out, context_length, window):
+            super().__init__(d_in, d_out, context_length)
+            self.register_buffer("mask", band_mask(context_length, window), persistent=False)
+    return SlidingWindowAttention
+
+
+def ones(n):
+    return torch.ones(n, n, dtype=torch.bool)
+
+
+def band_by_indices(n, w):  # independent of tril: the condition i - w < j <= i itself
+    i = torch.arange(n)
+    return (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - w)
+
+
+WRONG_BANDS = [
+    (lambda n, w: ones(n).tril() & ~ones(n).tril(-w + 1), "yours sees window - 1"),
+    (lambda n, w: ones(n).tril() & ~ones(n).tril(-w - 1), "yours sees window + 1"),
+    (lambda n, w: ones(n).tril(), "plain causal mask"),
+    (lambda n, w: ~band_by_indices(n, w), "flip it"),
+    (lambda n, w: ones(n).triu() & ~ones(n).triu(w), "looks into the future"),
+    (lambda n, w: ones(n).tril(-w), "should be True exactly when i - window < j <= i"),
+    (lambda n, w: band_by_indices(n, w).int(), "make the mask boolean"),
+]
+
+
+@pytest.mark.parametrize("band", [band_by_indices, lambda n, w: ones(n).tril() & ~ones(n).tril(-w)])
+def test_band_mask_accepted(capsys, band):
+    assert ex.check_sliding_window_attention(window_module(band)).passed is True
+
+
+def test_band_mask_stub_is_not_attempted(capsys):
+    result = ex.check_sliding_window_attention(window_module(stub))
+    out = capsys.readouterr().out
+    assert result.passed is None and "band_mask" in out, out
+
+
+@pytest.mark.parametrize("band,hint", WRONG_BANDS, ids=[h for _, h in WRONG_BANDS])
+def test_band_mask_hints(capsys, band, hint):
+    result = ex.check_sliding_window_attention(window_module(band))
+    out = capsys.readouterr().out
+    assert result.passed is False and hint in out, out
+
+
 # 3.1 (b) --------------------------------------------------------------------------------------
 def pairs_by_counting(T, window):  # build the band and count its True entries
     i = torch.arange(T)

@@ -127,7 +127,8 @@ def _buffer_hint(module: nn.Module, n: int, window: int) -> None:
 
 @_checker
 def check_sliding_window_attention(SlidingWindowAttention):
-    """Exercise 3.1: ``SlidingWindowAttention(d_in, d_out, context_length, window)`` is an
+    """Exercise 3.1 (a): ``SlidingWindowAttention(d_in, d_out, context_length, window)`` (in the
+    notebook: section 6's module with the learner's ``band_mask`` as its buffer) is an
     ``nn.Module`` with ``nn.Linear`` projections ``W_query``, ``W_key``, ``W_value`` and a
     boolean buffer ``mask`` ``(context_length, context_length)``, True where
     ``i - window < j <= i``; ``forward(x)``: ``(B, T, d_in)`` -> ``(B, T, d_out)`` for any
@@ -146,6 +147,9 @@ def check_sliding_window_attention(SlidingWindowAttention):
             raise _Wrong(f"SlidingWindowAttention(...) should build an nn.Module; got "
                          f"{type(module).__name__}: subclass nn.Module and call "
                          "super().__init__() first")
+        if "mask" in module._buffers and module._buffers["mask"] is None:
+            raise _NotAttempted("the mask buffer is still None: write band_mask (its TODO) so "
+                                "that it returns the boolean band, and run the cell again")
         W = {}
         for name in ("W_query", "W_key", "W_value"):
             lin = getattr(module, name, None)

@@ -243,6 +243,12 @@ def test_breaks_it_hints(capsys, answer, hint):
     assert hint in out, out
 
 
+def test_breaks_it_hint_counts_the_misjudged_options(capsys):
+    assert ex.check_recover_permutation(perm_ok, {"a", "c"}).passed is False
+    out = capsys.readouterr().out
+    assert "3 of the 8 options are misjudged" in out and "(a) does not break it" in out, out
+
+
 def test_breaks_it_accepts_any_spelling(capsys):
     for answer in ({"c", "d", "g"}, ["D", "c", "G"], "c, d, g", ("g", "d", "c")):
         assert ex.check_recover_permutation(perm_ok, answer).passed is True, capsys.readouterr().out
@@ -352,3 +358,26 @@ def test_init_variance_mistakes_are_apart():
         values = sorted([1 / 9, d_k / 9, 1 / (9 * d_k), 1 / 3, d_in ** 2])
         for lo, hi in zip(values, values[1:], strict=False):
             assert hi / lo > ((1 + tol) / (1 - tol)) * 1.5, (d_k, lo, hi)
+
+
+# 2.2, first part: hints for typical wrong scales (the common cases live in tests/test_exercises.py)
+@pytest.mark.parametrize("answer, hint", [
+    (lambda d_k, s_q, s_k: d_k * s_q * s_k, "d_k needs a square root"),
+    (lambda d_k, s_q, s_k: math.sqrt(d_k * s_q * s_k), "went under the square root too"),
+    (lambda d_k, s_q, s_k: d_k * s_q ** 2 * s_k ** 2, "the variance of q . k itself"),
+    (lambda d_k, s_q, s_k: math.sqrt(d_k) * (s_q + s_k), "they do not add"),
+    # 2 sqrt(d_k) s_q s_k: no typical mistake; the hint reports the variance it leaves, 1/4
+    (lambda d_k, s_q, s_k: 2 * math.sqrt(d_k) * s_q * s_k, "leaves a variance of 0.2500, not 1"),
+])
+def test_score_scale_hints_name_the_mistake_without_the_formula(capsys, answer, hint):
+    assert ex.check_score_scale(answer).passed is False
+    out = capsys.readouterr().out
+    assert hint in out and "sqrt(d_k) * sigma_q * sigma_k" not in out, out
+
+
+def test_score_scale_mistakes_are_apart_on_the_hidden_cases():
+    values = [[mistake(*case) for case in nb02._SCALE_CASES] for _, mistake in nb02._SCALE_MISTAKES]
+    values.append([math.sqrt(d_k) * s_q * s_k for d_k, s_q, s_k in nb02._SCALE_CASES])  # the answer
+    for i in range(len(values)):
+        for j in range(i):
+            assert not np.allclose(values[i], values[j], rtol=1e-4), (i, j)

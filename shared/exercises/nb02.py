@@ -91,41 +91,54 @@ def check_attend_to_one(W_q, W_k=None):
 # --------------------------------------------------------------------------------------------
 # 2.2 The scale for non-unit variances
 # --------------------------------------------------------------------------------------------
+_SCALE_CASES = ((64, 1.0, 1.0), (16, 2.0, 3.0), (10, 0.5, 0.2), (1, 3.0, 1.0), (256, 0.1, 0.1),
+                (9, 2.0, 0.5))
+
+
+def _scale_reference(d_k, s_q, s_k):
+    return math.sqrt(d_k) * s_q * s_k
+
+
+# (hint, the wrong divisor): each differs from every other on at least one of _SCALE_CASES
+_SCALE_MISTAKES = (
+    ("you returned sqrt(d_k) as in section 2, which assumed standard deviations of 1: "
+     "Var(q_i k_i) = sigma_q^2 sigma_k^2", lambda d_k, s_q, s_k: math.sqrt(d_k)),
+    ("you used the variances sigma_q^2 and sigma_k^2; the divisor is a standard deviation",
+     lambda d_k, s_q, s_k: math.sqrt(d_k) * s_q ** 2 * s_k ** 2),
+    ("that is the variance of q . k itself; the divisor is a standard deviation",
+     lambda d_k, s_q, s_k: d_k * s_q ** 2 * s_k ** 2),
+    ("d_k needs a square root: the variance of a sum of d_k independent terms grows like d_k, "
+     "its standard deviation like sqrt(d_k)", lambda d_k, s_q, s_k: d_k * s_q * s_k),
+    ("sigma_q and sigma_k went under the square root too; they are standard deviations already",
+     lambda d_k, s_q, s_k: math.sqrt(d_k * s_q * s_k)),
+    ("that is the factor to MULTIPLY by; return the number to divide by",
+     lambda d_k, s_q, s_k: 1.0 / _scale_reference(d_k, s_q, s_k)),
+    ("the standard deviations multiply (Var(q_i k_i) = sigma_q^2 sigma_k^2 for independent, "
+     "zero-mean factors); they do not add", lambda d_k, s_q, s_k: math.sqrt(d_k) * (s_q + s_k)),
+)
+
+
 @_checker
 def check_score_scale(score_scale):
     """Exercise 2.2: ``score_scale(d_k, sigma_q, sigma_k)`` -> the divisor that gives ``q . k``
     variance 1 when the entries of q and k are independent, mean 0, standard deviations
     ``sigma_q`` and ``sigma_k``: ``sqrt(d_k) * sigma_q * sigma_k``."""
-    cases = [(64, 1.0, 1.0), (16, 2.0, 3.0), (10, 0.5, 0.2), (1, 3.0, 1.0), (256, 0.1, 0.1),
-             (9, 2.0, 0.5)]
-    for d_k, s_q, s_k in cases:
-        ref = math.sqrt(d_k) * s_q * s_k
-        got = _scalar(_call(score_scale, d_k, s_q, s_k, name="score_scale"), "the scale")
-        if math.isclose(got, ref, rel_tol=1e-5):
-            continue
-        where = f"for d_k = {d_k}, sigma_q = {s_q}, sigma_k = {s_k}"
-        for hint, value in (
-            ("you returned sqrt(d_k) as in section 2, which assumed standard deviations of 1: "
-             "Var(q_i k_i) = sigma_q^2 sigma_k^2", math.sqrt(d_k)),
-            ("you used the variances: divide by a standard deviation, the square root of "
-             "Var(q . k) = d_k sigma_q^2 sigma_k^2", math.sqrt(d_k) * s_q ** 2 * s_k ** 2),
-            ("that is the variance d_k sigma_q^2 sigma_k^2; divide by its square root",
-             d_k * s_q ** 2 * s_k ** 2),
-            ("d_k needs a square root too: the standard deviation of q . k is "
-             "sqrt(d_k) sigma_q sigma_k", d_k * s_q * s_k),
-            ("only d_k is under the square root: sqrt(d_k) * sigma_q * sigma_k",
-             math.sqrt(d_k * s_q * s_k)),
-            ("that is the factor to MULTIPLY by; return the number to divide by",
-             1.0 / ref),
-            ("the standard deviations multiply (Var(q_i k_i) = sigma_q^2 sigma_k^2 for "
-             "independent, zero-mean factors); they do not add",
-             math.sqrt(d_k) * (s_q + s_k)),
-        ):
-            if math.isclose(got, value, rel_tol=1e-5):
-                raise _Wrong(f"{where}: {hint}")
-        raise _Wrong(f"{where} the scale should be {ref:.4f}; got {got:.4f}")
-    return ("divide by sqrt(d_k) * sigma_q * sigma_k; with unit variances that is the familiar "
-            "sqrt(d_k).")
+    gots = [(_scalar(_call(score_scale, *case, name="score_scale"), "the scale"), case)
+            for case in _SCALE_CASES]
+    wrong = [(got, case) for got, case in gots
+             if not math.isclose(got, _scale_reference(*case), rel_tol=1e-5)]
+    if not wrong:
+        return ("divide by sqrt(d_k) * sigma_q * sigma_k; with unit variances that is the "
+                "familiar sqrt(d_k).")
+    got, (d_k, s_q, s_k) = wrong[0]
+    where = f"for d_k = {d_k}, sigma_q = {s_q}, sigma_k = {s_k}"
+    for hint, mistake in _SCALE_MISTAKES:  # named only if it explains every hidden case
+        if all(math.isclose(g, mistake(*case), rel_tol=1e-5) for g, case in gots):
+            raise _Wrong(f"{where}: {hint}")
+    ref = _scale_reference(d_k, s_q, s_k)
+    leaves = f"a variance of {(ref / got) ** 2:.4f}" if got != 0 else "an infinite variance"
+    raise _Wrong(f"{where} you returned {got:.4f}: dividing q . k by it leaves {leaves}, not 1. "
+                 "What is Var(q_i k_i), and how do d_k such terms add up?")
 
 
 # --------------------------------------------------------------------------------------------
@@ -150,8 +163,9 @@ def _prediction_hint(p: float) -> str | None:
                     "term multiplies a q entry by a k entry: Var(q_i k_i) = Var(q_i) Var(k_i)"),
         (1.0 / 144.0, "a uniform distribution on [-a, a] has variance (2a)^2/12 = a^2/3 (its "
                       "width is 2a, not a)"),
-        (1.0 / 81.0, "you squared once too often: Var(q_i) = d_in * 1/(3 d_in) = 1/3, and "
-                     "Var(q_i k_i) = 1/3 * 1/3"),
+        (1.0 / 81.0, "you squared once too often: Var(q_i) is already a variance (a sum of d_in "
+                     "variances), and the variance of a product of two independent zero-mean "
+                     "factors is the product of their variances, not of their squares"),
         (1.0 / 3.0 ** 0.5, "that is a standard deviation; the question asks for a variance"),
     ):
         if math.isclose(p, value, rel_tol=1e-3):
@@ -268,9 +282,8 @@ def check_shift_matrix(shift_matrix):
                          "vector times a matrix to fix the signs")
         if d_model > 2 and _close(got, interleaved):
             raise _Wrong(f"{where}: that is the matrix for section 7's interleaved columns (2x2 "
-                         "blocks on the diagonal). Here the sines come first: pair i is column "
-                         "i (sine) and column i + d_model/2 (cosine), so its four entries sit at "
-                         "rows and columns i and i + d_model/2")
+                         "blocks on the diagonal). Here the sines come first: which two columns "
+                         "of PE_b hold pair i, and so where must its four entries go?")
         for hint, value in (
             ("every pair of columns turns at its own speed omega_i = base^(-2i / d_model); you "
              "rotated every pair by the same angle k", _shift_reference(k, d_model, base,
@@ -285,8 +298,8 @@ def check_shift_matrix(shift_matrix):
         if k == 0 and not _close(got, np.eye(d_model)):
             raise _Wrong("for k = 0 nothing moves: M_0 must be the identity")
         raise _Wrong(f"{where}: PE[p] @ M differs from PE[p + k] by up to "
-                     f"{_maxdiff(pe[rows] @ got, pe[rows + k])}; pair i (columns i and "
-                     "i + d_model/2) must turn by k * omega_i, and nothing else may mix")
+                     f"{_maxdiff(pe[rows] @ got, pe[rows + k])}; each pair must turn by its own "
+                     "k * omega_i, and nothing else may mix")
     return ("one fixed matrix per offset k moves every position p to p + k, in any column layout: "
             "offsets are linear.")
 
@@ -301,26 +314,20 @@ def _attention_outputs(X: np.ndarray, W: tuple) -> np.ndarray:
 
 
 # Which changes to the layer (or its input) stop Z_shuffled from being a reordering of Z's rows?
+# The verdict, and a question that points at the reason without spelling it out (the solutions
+# notebook and the "correct!" message give the reasons).
 _CHANGES = {
-    "a": (False, "trained or random, W_q, W_k and W_v are the same for every token: section 6's "
-                 "argument holds for any matrices"),
-    "b": (False, "a bias in the three nn.Linear layers is added to every token alike: x W + b is "
-                 "still one map applied to each token on its own, so the argument holds"),
-    "c": (True, "a causal mask: token i then sees only tokens 0..i, so WHICH tokens it sees "
-                "depends on the order (section 6's last line)"),
-    "d": (True, "dropout in training mode zeroes weights at random positions of the (T, T) "
-                "matrix, drawn afresh for every call and tied to no token, so the shuffled run "
-                "drops different pairs of tokens and its rows are not rows of Z"),
-    "e": (False, "two layers stacked: the first maps X[perm] to Z[perm], a reordering, and the "
-                 "second reorders again; no order enters anywhere"),
-    "f": (False, "dividing the scores by d_k instead of sqrt(d_k) changes the weights for every "
-                 "order alike; the argument never used the scale"),
-    "g": (True, "a bias b_(i-j) depends on where the two tokens sit, not on what they are: after "
-                "the shuffle the same two tokens are a different distance apart and get a "
-                "different bias"),
-    "h": (False, "a padding mask that travels with its tokens hides the same tokens' keys from "
-                 "every query, whatever the order: each token still sees the same set, so the "
-                 "argument holds"),
+    "a": (False, "does section 6's argument use any property of W_q, W_k and W_v?"),
+    "b": (False, "with a bias, is x W + b still one map applied to each token on its own?"),
+    "c": (True, "with a causal mask, does a token see the same set of tokens before and after "
+                "the shuffle?"),
+    "d": (True, "are the weights that dropout zeroes tied to tokens, or drawn afresh on every "
+                "call?"),
+    "e": (False, "what does the second layer receive when the first one gets X[perm]?"),
+    "f": (False, "where did section 6's argument use the size of the scale?"),
+    "g": (True, "after the shuffle, are two given tokens still the same distance i - j apart?"),
+    "h": (False, "if the padding mask moves with its tokens, which keys does each query see "
+                 "after the shuffle?"),
 }
 
 
@@ -390,12 +397,13 @@ def check_recover_permutation(recover_permutation, breaks_it=None):
         raise _NotAttempted("recover_permutation works; now answer breaks_it: which changes "
                             "would make it fail?")
     chosen = _letters(breaks_it, "breaks_it")
-    for letter in sorted(_CHANGES):
+    misjudged = [letter for letter in sorted(_CHANGES) if (letter in chosen) != _CHANGES[letter][0]]
+    if misjudged:
+        letter = misjudged[0]
         breaks, why = _CHANGES[letter]
-        if breaks and letter not in chosen:
-            raise _Wrong(f"your function works, but ({letter}) breaks it too: {why}")
-        if letter in chosen and not breaks:
-            raise _Wrong(f"your function works, but ({letter}) does not break it: {why}")
+        verdict = "breaks it too" if breaks else "does not break it"
+        raise _Wrong(f"your function works, but {len(misjudged)} of the {len(_CHANGES)} options "
+                     f"are misjudged. The first: ({letter}) {verdict}; ask yourself: {why}")
     return ("each output depends on its own token and the SET of all tokens, so a shuffle only "
             "reorders the rows; only something tied to positions (a causal mask, a bias by "
             "distance) or to chance (dropout) breaks that.")

@@ -741,7 +741,7 @@ CASES = [
     (C.check_init_variance, (1 / 9,), None, "now write score_variance"),
     (C.check_init_variance, (1 / 9, stub1), None, NA),
     (C.check_init_variance, (1.0, variance_ok), False, "section 2's assumption"),
-    (C.check_init_variance, (1 / 3, variance_ok), False, "Var(q_i) Var(k_i)"),
+    (C.check_init_variance, (1 / 3, variance_ok), False, "variance of a product"),
     (C.check_init_variance, (1 / 9, variance_unscaled), False, "not divided by sqrt(d_k)"),
     (C.check_init_variance, (1 / 9, variance_std), False, "not .std()"),
     (C.check_shift_matrix, (shift_ok,), True, OK),

@@ -159,8 +159,9 @@ def _prediction_hint(p: float) -> str | None:
         (1.0, "1 would need every entry of q and k to have variance 1 (section 2's assumption); "
               "nn.Linear's weights are uniform on [-1/sqrt(d_in), 1/sqrt(d_in)], so first work "
               "out Var(q_i) = d_in * Var(W)"),
-        (1.0 / 3.0, "1/3 is Var(q_i), the variance of one entry of a query (or of a key); a score "
-                    "term multiplies a q entry by a k entry: Var(q_i k_i) = Var(q_i) Var(k_i)"),
+        (1.0 / 3.0, "1/3 is Var(q_i), the variance of one entry of a query (or of a key), but a "
+                    "score term is a product of a q entry and a k entry: what is the variance of "
+                    "a product of two independent, mean-0 numbers?"),
         (1.0 / 144.0, "a uniform distribution on [-a, a] has variance (2a)^2/12 = a^2/3 (its "
                       "width is 2a, not a)"),
         (1.0 / 81.0, "you squared once too often: Var(q_i) is already a variance (a sum of d_in "

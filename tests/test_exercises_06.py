@@ -72,44 +72,62 @@ NB, NB0 = _Lazy(notebook_model), _Lazy(untrained_model)
 
 
 # 6.1 ------------------------------------------------------------------------------------------
-def restart_ok(period, min_period, max_period):  # periods max(period, min) .. max stay possible
-    return math.log(max_period - max(period, min_period) + 1)
+def _solve(P, target):  # weights W with P @ W = target (P has independent rows)
+    return torch.linalg.pinv(P.double()) @ target.double()
 
 
-def restart_probability(period, min_period, max_period):
-    return 1 / (max_period - max(period, min_period) + 1)
+def _quadratic(P, head_dim, back=1, scale=20.0):
+    # score(i, j) = scale * (2 (i - back) j - j^2) = scale * (-(i - back - j)^2 + const(i))
+    T = len(P)
+    i = torch.arange(T, dtype=torch.float64)
+    Q = torch.zeros(T, head_dim, dtype=torch.float64)
+    K = torch.zeros(T, head_dim, dtype=torch.float64)
+    Q[:, 0], Q[:, 1] = scale * 2 * (i - back), -scale
+    K[:, 0], K[:, 1] = i, i**2
+    return _solve(P, Q * math.sqrt(head_dim)), _solve(P, K)
 
 
-def restart_log2(period, min_period, max_period):
-    return math.log2(max_period - max(period, min_period) + 1)
+def prev_ok(P, head_dim):
+    return _quadratic(P, head_dim)
 
 
-def restart_all_periods(period, min_period, max_period):  # forgot that shorter periods are out
-    return math.log(max_period - min_period + 1)
+def prev_circle(P, head_dim):  # keys on a half circle, each query the key before it, sharpened
+    T = len(P)
+    angle = math.pi / T * torch.arange(T, dtype=torch.float64)
+    K = torch.zeros(T, head_dim, dtype=torch.float64)
+    K[:, 0], K[:, 1] = torch.cos(angle), torch.sin(angle)
+    Q = 60.0 * T**2 * torch.roll(K, 1, dims=0)  # query i points at key i - 1
+    return _solve(P, Q).float(), _solve(P, K).float()
 
 
-def restart_off_by_one(period, min_period, max_period):
-    return math.log(max(max_period - period, 1))
+def prev_own_position(P, head_dim):
+    return _quadratic(P, head_dim, back=0)
 
 
-def restart_new_letter(period, min_period, max_period):
-    return math.log(26 - period)
+def prev_next_key(P, head_dim):
+    return _quadratic(P, head_dim, back=-1)
 
 
-def restart_negative(period, min_period, max_period):
-    return -restart_ok(period, min_period, max_period)
+def prev_two_back(P, head_dim):
+    return _quadratic(P, head_dim, back=2)
 
 
-def restart_tensor(period, min_period, max_period):
-    return torch.tensor(restart_ok(period, min_period, max_period))
+def prev_too_soft(P, head_dim):
+    return _quadratic(P, head_dim, scale=0.3)
 
 
-def restart_ln3(period, min_period, max_period):  # the notebook's number for every case
-    return math.log(3)
+def prev_ignores_P(P, head_dim):  # weights that do not depend on the embeddings
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(P.shape[1], head_dim, generator=g), torch.randn(P.shape[1], head_dim, generator=g)
 
 
-def restart_list(period, min_period, max_period):
-    return [restart_ok(period, min_period, max_period)]
+def prev_transposed(P, head_dim):
+    W_q, W_k = _quadratic(P, head_dim)
+    return W_q.T, W_k.T
+
+
+def prev_one_matrix(P, head_dim):
+    return _quadratic(P, head_dim)[0]
 
 
 # 6.2 ------------------------------------------------------------------------------------------
@@ -292,17 +310,16 @@ def fixed_untrained():
 C = ex
 CASES = [
     # 6.1
-    (C.check_restart_loss, (restart_ok,), True, OK),
-    (C.check_restart_loss, (restart_tensor,), True, OK),
-    (C.check_restart_loss, (stub,), None, NA),
-    (C.check_restart_loss, (restart_probability,), False, "you returned a probability"),
-    (C.check_restart_loss, (restart_log2,), False, "log base 2"),
-    (C.check_restart_loss, (restart_all_periods,), False, "shorter than 10 is ruled out"),
-    (C.check_restart_loss, (restart_off_by_one,), False, "count the periods still possible"),
-    (C.check_restart_loss, (restart_new_letter,), False, "not a new one"),
-    (C.check_restart_loss, (restart_negative,), False, "check the sign"),
-    (C.check_restart_loss, (restart_ln3,), False, "best_restart_loss(10, 4, 15) returned 1.0986"),
-    (C.check_restart_loss, (restart_list,), False, "should return one number"),
+    (C.check_previous_token_head, (prev_ok,), True, OK),
+    (C.check_previous_token_head, (prev_circle,), True, OK),
+    (C.check_previous_token_head, (stub,), None, NA),
+    (C.check_previous_token_head, (prev_own_position,), False, "their own position"),
+    (C.check_previous_token_head, (prev_next_key,), False, "the next position"),
+    (C.check_previous_token_head, (prev_two_back,), False, "most queries look 2 keys back"),
+    (C.check_previous_token_head, (prev_too_soft,), False, "too soft"),
+    (C.check_previous_token_head, (prev_ignores_P,), False, "build W_q and W_k from this P"),
+    (C.check_previous_token_head, (prev_transposed,), False, "the transpose of (d, head_dim)"),
+    (C.check_previous_token_head, (prev_one_matrix,), False, "return the pair (W_q, W_k)"),
     # 6.2
     (C.check_position_mean_ablation, (pma_ok, "higher", NB), True, OK),
     (C.check_position_mean_ablation, (stub, None, None), None, NA),
@@ -382,15 +399,17 @@ def test_checker(capsys, checker, answers, expected, phrase):
     assert out.startswith(prefix), out
 
 
-def test_the_restart_reference_matches_the_hand_derived_values():
-    """The checker's reference (enumerating periods) against values derived by hand: the notebook's
-    ln 3, ln 6 for periods 4 to 15, and 0 when the period is the longest in training."""
-    from shared.exercises.nb06 import _restart_reference
+def test_the_previous_token_designs_look_one_back_in_pytorch():
+    """The two designs, run through PyTorch's own causal attention on the checker's P sizes."""
+    import torch.nn.functional as F
 
-    assert abs(_restart_reference(10, 4, 12) - math.log(3)) < 1e-9
-    assert abs(_restart_reference(10, 4, 15) - math.log(6)) < 1e-9
-    assert abs(_restart_reference(9, 2, 9)) < 1e-9
-    assert abs(_restart_reference(4, 4, 9) - math.log(6)) < 1e-9
+    for T, d, head_dim in ((21, 32, 16), (8, 16, 2), (30, 64, 8)):
+        P = torch.randn(T, d, generator=torch.Generator().manual_seed(T))
+        for design in (prev_ok, prev_circle):
+            W_q, W_k = (w.float() for w in design(P, head_dim))
+            q, k = (P @ W_q)[None], (P @ W_k)[None]
+            w = F.scaled_dot_product_attention(q, k, torch.eye(T)[None], is_causal=True)[0]
+            assert (w[torch.arange(1, T), torch.arange(T - 1)] > 0.99).all(), design.__name__
 
 
 def test_the_experiment_checkers_also_take_the_trained_model(capsys):
@@ -402,7 +421,7 @@ def test_the_experiment_checkers_also_take_the_trained_model(capsys):
 
 def test_every_checker_is_covered_three_ways():
     """Each checker: a correct answer, the stub, and at least two different wrong answers."""
-    assert ex.nb06.__all__ == ["check_restart_loss", "check_position_mean_ablation",
+    assert ex.nb06.__all__ == ["check_previous_token_head", "check_position_mean_ablation",
                                "check_k_composition", "check_fixed_period_shortcut"]
     for name in ex.nb06.__all__:
         results = [c[2] for c in CASES if c[0].__name__ == name]

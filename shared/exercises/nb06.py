@@ -15,13 +15,14 @@ from ._core import (
     _close,
     _diagnose,
     _maxdiff,
+    _rng,
     _shape,
     _softmax,
     _Wrong,
 )
 
 __all__ = [
-    "check_restart_loss",
+    "check_previous_token_head",
     "check_position_mean_ablation",
     "check_k_composition",
     "check_fixed_period_shortcut",
@@ -75,71 +76,73 @@ def _repeat_accuracy(model, tokens) -> tuple[float, float]:
 
 
 # --------------------------------------------------------------------------------------------
-# 6.1 The best restart loss for any period and training range (derive)
+# 6.1 A previous-token head from position embeddings alone (design)
 # --------------------------------------------------------------------------------------------
-# (period, min_period, max_period): inside, at both ends of, and far from the notebook's range
-_RESTART_CASES = ((10, 4, 12), (10, 4, 15), (6, 4, 12), (4, 4, 9), (5, 5, 11), (9, 2, 9),
-                  (7, 7, 16), (5, 2, 13))
+# (T, d, head_dim, seed): the notebook's sizes, the fewest dimensions that can work (2), a square
+# P, a longer context, and a small odd case; P is drawn fresh for each (hidden)
+_PREV_CASES = ((21, 32, 16, 611), (8, 16, 2, 612), (13, 13, 4, 613), (30, 64, 8, 614),
+               (5, 7, 3, 615))
+_PREV_MIN_WEIGHT = 0.9
 
 
-def _restart_reference(period: int, min_period: int, max_period: int) -> float:
-    """The Bayes-optimal loss at the restart, from ``best_possible_losses`` (which enumerates
-    the periods) on a sequence of that period: an independent route to the answer."""
-    from ..tiny_transformer import best_possible_losses, repeated_tokens
-
-    vocab = max_period + 2
-    tokens = repeated_tokens(1, period + 2, vocab, period,
-                             generator=torch.Generator().manual_seed(period))
-    return float(best_possible_losses(tokens, vocab, min_period, max_period)[0, period])
+def _causal_weights(P: np.ndarray, W_q: np.ndarray, W_k: np.ndarray) -> tuple:
+    """Scaled scores (T, T) before the mask, and causal softmax weights (T, T), in float64."""
+    T, head_dim = len(P), W_q.shape[1]
+    S = (P @ W_q) @ (P @ W_k).T / math.sqrt(head_dim)
+    future = np.triu(np.ones((T, T), dtype=bool), k=1)
+    return S, _softmax(np.where(future, -np.inf, S))
 
 
 @_checker
-def check_restart_loss(best_restart_loss):
-    """``best_restart_loss(period, min_period, max_period)`` -> float: the lowest expected loss
-    (nats) any model can reach when it predicts the first letter of the copy, i.e. the token at
-    position ``period + 1``, in a sequence of ``period`` distinct letters repeated, when training
-    draws periods uniformly from ``min_period .. max_period`` (``min_period <= period <=
-    max_period``)."""
-    for period, lo, hi in _RESTART_CASES:
-        got = _call(best_restart_loss, period, lo, hi, name="best_restart_loss")
-        if isinstance(got, torch.Tensor) and got.numel() == 1:
-            got = got.item()
-        if isinstance(got, (bool, np.bool_)) or not isinstance(got, (int, float, np.number)):
-            raise _Wrong("best_restart_loss should return one number (a loss in nats); got "
-                         f"{type(got).__name__}")
-        got = float(got)
-        ref = _restart_reference(period, lo, hi)
-        if abs(got - ref) < 1e-6:
+def check_previous_token_head(previous_token_head):
+    """``previous_token_head(P, head_dim)`` -> ``(W_q, W_k)``, each ``(d, head_dim)``, for position
+    embeddings ``P`` ``(T, d)`` (float32, linearly independent rows, T <= d): causal attention
+    ``softmax(mask((P W_q)(P W_k)^T / sqrt(head_dim)))`` must put at least 0.9 of the weight of
+    every query i >= 1 on key i - 1."""
+    for T, d, head_dim, seed in _PREV_CASES:
+        P = _rng(seed).normal(0.0, 0.5, size=(T, d))
+        where = f"on a hidden P with T = {T}, d = {d}, head_dim = {head_dim}"
+        ans = _call(previous_token_head, torch.tensor(P, dtype=torch.float32), head_dim,
+                    name="previous_token_head", on_error=where)
+        if not isinstance(ans, (tuple, list)) or len(ans) != 2:
+            raise _Wrong(f"return the pair (W_q, W_k); got {type(ans).__name__}")
+        W_q, W_k = (_arr(w, name) for w, name in zip(ans, ("W_q", "W_k"), strict=True))
+        for W, name in ((W_q, "W_q"), (W_k, "W_k")):
+            if W.shape == (head_dim, d) and head_dim != d:
+                raise _Wrong(f"{name} has shape {W.shape}, the transpose of (d, head_dim) = "
+                             f"{(d, head_dim)}: the course multiplies X @ W_q, rows are positions")
+            _shape(W, (d, head_dim), f"{where}, {name}", "(d, head_dim)")
+            if not np.isfinite(W).all():
+                raise _Wrong(f"{where}, {name} holds NaN or inf")
+        S, A = _causal_weights(P, W_q, W_k)
+        rows = np.arange(1, T)
+        on_prev = A[rows, rows - 1]
+        if (on_prev >= _PREV_MIN_WEIGHT).all():
             continue
-        n_left = hi - max(period, lo) + 1  # the periods still possible
-        case = f"(period {period}, periods {lo} to {hi} in training)"
-        if abs(got - 1 / n_left) < 1e-6 or abs(got - (1 - 1 / n_left)) < 1e-6:
-            raise _Wrong(f"you returned a probability {case}: the loss is the cross-entropy, "
-                         "-ln of the probability the best model gives the right letter")
-        if n_left > 1 and abs(got - math.log2(n_left)) < 1e-6:
-            raise _Wrong(f"units {case}: the course measures losses in nats (natural log), you "
-                         "used log base 2")
-        if abs(got - math.log(hi - lo + 1)) < 1e-6:
-            raise _Wrong(f"{case}: after {period} distinct letters, every period shorter than "
-                         f"{period} is ruled out (it would have repeated already); only the "
-                         "periods from there to the longest stay possible")
-        if abs(got - math.log(max(hi - period, 1))) < 1e-6 or (n_left > 1 and abs(
-                got - math.log(n_left - 1)) < 1e-6):
-            raise _Wrong(f"count the periods still possible again {case}: the period equal to "
-                         "the number of letters seen is one of them (and it is the one that "
-                         "restarts now)")
-        if abs(got - math.log(26 - period)) < 1e-6 or abs(got - (
-                math.log(26 - period) - math.log(1 - 1 / n_left) if n_left > 1 else -1)) < 1e-6:
-            raise _Wrong(f"{case}: the right letter here is the first letter again, not a new "
-                         "one: its probability is the chance that the period is exactly the "
-                         "number of letters seen")
-        if abs(got + math.log(n_left)) < 1e-6:
-            raise _Wrong(f"check the sign {case}: the loss is -ln(probability), positive")
-        raise _Wrong(f"best_restart_loss({period}, {lo}, {hi}) returned {got:.4f}; the "
-                     f"best possible loss there is {ref:.4f} nats")
-    return ("the restart costs ln(number of periods still possible): ln 3 for the notebook "
-            "(periods 10, 11, 12), and 0 when the sequence's period is the longest one in "
-            "training, where the restart is certain.")
+        top = A[rows].argmax(axis=1)  # the key each query favours, among those it may see
+        offsets = rows - top
+        i = int(rows[np.argmin(on_prev)])  # the query that does worst
+        if (top == rows - 1).all():
+            raise _Wrong(f"{where}, every query's largest weight is on the previous key, but query "
+                         f"{i} puts only {on_prev.min():.2f} there (0.9 needed): the pattern is "
+                         "right and too soft; make the score gaps larger (scale W_q up; "
+                         "remember the division by sqrt(head_dim))")
+        if (S[rows[:-1]].argmax(axis=1) == rows[:-1] + 1).mean() > 0.5:
+            raise _Wrong(f"{where}, the scores peak at key i + 1, the next position, which the "
+                         "causal mask hides: the previous-token head looks one step back, at "
+                         "key i - 1")
+        if (offsets == 0).mean() > 0.5:
+            raise _Wrong(f"{where}, most queries put their largest weight on their own position "
+                         "(key i): shift the pattern by one, so that query i matches key i - 1")
+        values, counts = np.unique(offsets, return_counts=True)
+        if counts.max() > len(rows) / 2:  # most queries look the same (wrong) distance back
+            raise _Wrong(f"{where}, most queries look {int(values[counts.argmax()])} keys back: "
+                         "the previous-token head looks exactly one back")
+        raise _Wrong(f"{where}, query {i} puts {on_prev.min():.2f} of its weight on key {i - 1} "
+                     f"and most on key {int(top[i - 1])}: build W_q and W_k from this P (first "
+                     "choose the queries and keys you want, then solve P W = them)")
+    return ("a previous-token head needs no token at all: position embeddings and two "
+            "dimensions of W_q and W_k are enough")
 
 
 # --------------------------------------------------------------------------------------------

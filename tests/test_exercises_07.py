@@ -52,53 +52,136 @@ def ntk_rounded(base, head_dim, scale):
     return round(ntk_ok(base, head_dim, scale), -2)
 
 
-# 7.2 shift_change ------------------------------------------------------------------------------
-def shift_ok(encode, Q, K, offset):
-    p = torch.arange(Q.shape[0])
-    before = encode(Q, p) @ encode(K, p).T
-    after = encode(Q, p + offset) @ encode(K, p + offset).T
-    return (before - after).abs().max().item()
+# 7.1 the slowdown prediction: measured here from the formula theta_i = base^(-2i/d), with the new
+# base found by bisection (so that the slowest pair turns exactly 4x slower), not from the checker
+def _ntk_base_by_bisection(base=10_000.0, d=8, scale=4.0):
+    slowest = lambda b: b ** (-(d - 2) / d)  # noqa: E731
+    lo, hi = base, base * scale ** 3
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if slowest(base) / slowest(mid) < scale else (lo, mid)
+    return lo
 
 
-def shift_numpy_list_positions(encode, Q, K, offset):
-    p = list(range(Q.shape[0]))
-    q = [m + offset for m in p]
-    before = (encode(Q, p) @ encode(K, p).T).numpy()
-    after = (encode(Q, q) @ encode(K, q).T).numpy()
-    return float(np.max(np.abs(before - after)))
+NEW_BASE = _ntk_base_by_bisection()
+SLOWDOWN = [10_000.0 ** (-2 * i / 8) / NEW_BASE ** (-2 * i / 8) for i in range(4)]
+ROUNDED = [round(v, 2) for v in SLOWDOWN]  # what a learner writes from paper
 
 
-def shift_self(encode, Q, K, offset):
-    p = torch.arange(Q.shape[0])
-    s = encode(Q, p) @ encode(K, p).T
-    return (s - s).abs().max().item()
+# 7.2 rope_buggy: the notebook's code, typed again; its properties measured here with torch ops
+def rope_buggy(x, positions, base=10000.0):
+    d = x.shape[-1]
+    theta = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    angles = torch.as_tensor(positions, dtype=torch.float64)[:, None] * theta
+    cos = angles.cos().repeat_interleave(2, dim=-1).to(x.dtype)
+    sin = angles.sin().repeat_interleave(2, dim=-1).to(x.dtype)
+    x1, x2 = x[..., :d // 2], x[..., d // 2:]
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
-def shift_queries_only(encode, Q, K, offset):
-    p = torch.arange(Q.shape[0])
-    before = encode(Q, p) @ encode(K, p).T
-    after = encode(Q, p + offset) @ encode(K, p).T
-    return (before - after).abs().max().item()
+def _measure_buggy():
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 7, 12, generator=g, dtype=torch.float64)
+    pos = torch.arange(7)
+    y = rope_buggy(x, pos)
+    lengths_kept = bool(torch.allclose(y.norm(dim=-1), x.norm(dim=-1), rtol=1e-9, atol=0))
+    S = lambda p: rope_buggy(x[0], p) @ rope_buggy(x[1], p).T  # noqa: E731
+    relative = bool(torch.allclose(S(pos), S(pos + 30), rtol=0, atol=1e-9))
+    return {"keeps lengths": lengths_kept, "scores depend only on i - j": relative,
+            "position 0 unchanged": bool(torch.equal(y[:, 0], x[:, 0]))}
 
 
-def shift_no_abs(encode, Q, K, offset):
-    p = torch.arange(Q.shape[0])
-    return (encode(Q, p) @ encode(K, p).T - encode(Q, p + offset) @ encode(K, p + offset).T).max().item()
+BUG_MEASURED = _measure_buggy()
 
 
-def shift_mean(encode, Q, K, offset):
-    p = torch.arange(Q.shape[0])
-    return (encode(Q, p) @ encode(K, p).T - encode(Q, p + offset) @ encode(K, p + offset).T).abs().mean().item()
+def _flip(*keys):
+    return {k: (not v if k in keys else v) for k, v in BUG_MEASURED.items()}
 
 
-def shift_matrix(encode, Q, K, offset):
-    p = torch.arange(Q.shape[0])
-    return (encode(Q, p) @ encode(K, p).T - encode(Q, p + offset) @ encode(K, p + offset).T).abs()
+# 7.2 rope_fixed: right answers and typical wrong fixes
+def _angles(positions, d, base, half_exponent=False):
+    i = torch.arange(d // 2, dtype=torch.float64)
+    theta = base ** (-(i if half_exponent else 2 * i) / d)
+    return torch.as_tensor(positions, dtype=torch.float64)[:, None] * theta  # (T, d/2)
 
 
-def shift_float_positions(encode, Q, K, offset):
-    p = torch.arange(Q.shape[0], dtype=torch.float64)
-    return (encode(Q, p) @ encode(K, p).T).max().item()
+def fix_ok(x, positions, base=10000.0):  # the one-word fix: the angles laid out [theta, theta]
+    d = x.shape[-1]
+    theta = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    angles = torch.as_tensor(positions, dtype=torch.float64)[:, None] * theta
+    cos = angles.cos().repeat(1, 2).to(x.dtype)
+    sin = angles.sin().repeat(1, 2).to(x.dtype)
+    x1, x2 = x[..., :d // 2], x[..., d // 2:]
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+def fix_by_pairs(x, positions, base=10000.0):  # pair by pair, in float64, cast back
+    d, xd = x.shape[-1], x.double()
+    a = _angles(positions, d, base)
+    x1, x2 = xd[..., :d // 2], xd[..., d // 2:]
+    return torch.cat((x1 * a.cos() - x2 * a.sin(), x1 * a.sin() + x2 * a.cos()), dim=-1).to(x.dtype)
+
+
+def fix_complex(x, positions, base=10000.0):  # pair i as the complex number x_i + i x_(i + d/2)
+    d = x.shape[-1]
+    z = torch.complex(x[..., :d // 2].double(), x[..., d // 2:].double()) * torch.polar(
+        torch.ones(1, dtype=torch.float64), _angles(positions, d, base))
+    return torch.cat((z.real, z.imag), dim=-1).to(x.dtype)
+
+
+def fix_interleaved(x, positions, base=10000.0):  # rotate every two, repeat_interleave'd angles
+    a = _angles(positions, x.shape[-1], base)
+    cos, sin = a.cos().repeat_interleave(2, -1), a.sin().repeat_interleave(2, -1)
+    rot = torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
+    return (x * cos + rot * sin).to(x.dtype)
+
+
+def fix_sign_flipped(x, positions, base=10000.0):
+    d = x.shape[-1]
+    a = _angles(positions, d, base).repeat(1, 2)
+    return (x * a.cos() + torch.cat((x[..., d // 2:], -x[..., :d // 2]), dim=-1) * a.sin()).to(x.dtype)
+
+
+def fix_exponent(x, positions, base=10000.0):  # theta_i = base^(-i/d)
+    d = x.shape[-1]
+    a = _angles(positions, d, base, half_exponent=True).repeat(1, 2)
+    return (x * a.cos() + torch.cat((-x[..., d // 2:], x[..., :d // 2]), dim=-1) * a.sin()).to(x.dtype)
+
+
+def fix_from_one(x, positions, base=10000.0):
+    return fix_ok(x, torch.as_tensor(positions) + 1, base)
+
+
+def fix_index_positions(x, positions, base=10000.0):
+    return fix_ok(x, torch.arange(x.shape[-2]), base)
+
+
+def fix_default_base(x, positions, base=10000.0):
+    return fix_ok(x, positions)
+
+
+def fix_in_place(x, positions, base=10000.0):  # right values, written into x
+    x.copy_(fix_ok(x, positions, base))
+    return x
+
+
+def fix_in_place_halves(x, positions, base=10000.0):  # the second half then reads the new first half
+    d = x.shape[-1]
+    a = _angles(positions, d, base).to(x.dtype)
+    x1, x2 = x[..., :d // 2], x[..., d // 2:]
+    x1[:] = x1 * a.cos() - x2 * a.sin()
+    x2[:] = x1 * a.sin() + x2 * a.cos()
+    return x
+
+
+def fix_calls_apply_rope(x, positions, base=10000.0):
+    from shared.positional import apply_rope
+
+    return apply_rope(x, positions, base=base)
+
+
+def fix_float64(x, positions, base=10000.0):
+    return fix_by_pairs(x.double(), positions, base)
 
 
 # 7.3 to_half_split (fused GPT-NeoX layout) ----------------------------------------------------
@@ -275,15 +358,48 @@ CASES = [
     (C.check_ntk_base, (ntk_power,), False, "base ** scale is far too large"),
     (C.check_ntk_base, (ntk_off_by_one,), False, "count the pairs from 0"),
     (C.check_ntk_base, (ntk_rounded,), False, "the slowest pair should turn by"),
-    (C.check_shift_change, (shift_ok,), True, "RoPE's scores moved by less than 1e-10"),
-    (C.check_shift_change, (shift_numpy_list_positions,), True, OK),
-    (C.check_shift_change, (stub,), None, NA),
-    (C.check_shift_change, (shift_self,), False, "not with themselves"),
-    (C.check_shift_change, (shift_queries_only,), False, "shift the keys' positions too"),
-    (C.check_shift_change, (shift_no_abs,), False, "absolute value"),
-    (C.check_shift_change, (shift_mean,), False, "not the average"),
-    (C.check_shift_change, (shift_matrix,), False, "should be one number; got an array of shape (6, 6)"),
-    (C.check_shift_change, (shift_float_positions,), False, "positions must be a 1-D sequence of integers"),
+    (C.check_ntk_prediction, (SLOWDOWN,), True, "pairs 0 .. 3 turn 1.00, 1.59, 2.52, 4.00 times slower."),
+    (C.check_ntk_prediction, (ROUNDED,), True, OK),
+    (C.check_ntk_prediction, (tuple(np.float32(v) for v in ROUNDED),), True, OK),
+    (C.check_ntk_prediction, ([None] * 4,), None, NA),
+    (C.check_ntk_prediction, ([1, None, None, 4],), None, "once all are filled in"),
+    (C.check_ntk_prediction, ([1, 2, 3, 4],), False, "pairs 1 and 2 were off: the pairs between are not evenly spaced"),
+    (C.check_ntk_prediction, ([1, 1, 1, 4],), False, "not only the slowest pair's"),
+    (C.check_ntk_prediction, ([1, 4, 4, 4],), False, "for the pairs between"),
+    (C.check_ntk_prediction, ([4, 4, 4, 4],), False, "that is position interpolation's pattern, every pair"),
+    (C.check_ntk_prediction, ([1.2, *ROUNDED[1:]],), False, "pair 0 was off: what is base^(-2i/d) at i = 0"),
+    (C.check_ntk_prediction, ([*ROUNDED[:3], 3.0],), False, "pair 3 was off: the new base is chosen so"),
+    (C.check_ntk_prediction, ([1 / v for v in SLOWDOWN],), False, "you gave new / old"),
+    (C.check_ntk_prediction, ([1, 1.5, 2.0, 4],), False, "as a power of b'/base"),
+    (C.check_ntk_prediction, ([1, -1, 2, 4],), False, "a positive number"),
+    (C.check_ntk_prediction, ([1, 2, 4],), False, "a list of 4 numbers"),
+    (C.check_ntk_prediction, ([1, "1.6", 2.5, 4],), False, "got the text '1.6'"),
+    (C.check_rope_bug_prediction, (BUG_MEASURED,), True, "position 0 comes back exactly. rope_buggy is not a rotation"),
+    (C.check_rope_bug_prediction, ({k: np.bool_(v) for k, v in BUG_MEASURED.items()},), True, OK),
+    (C.check_rope_bug_prediction, (dict.fromkeys(BUG_MEASURED),), None, NA),
+    (C.check_rope_bug_prediction, ({**BUG_MEASURED, "keeps lengths": None},), None, "once all are filled in"),
+    (C.check_rope_bug_prediction, (_flip("keeps lengths"),), False, "'keeps lengths' was off: code built from cos"),
+    (C.check_rope_bug_prediction, (_flip("scores depend only on i - j"),), False,
+     "'scores depend only on i - j' was off: the relative-position property"),
+    (C.check_rope_bug_prediction, (_flip("position 0 unchanged"),), False, "'position 0 unchanged' was off: at position 0"),
+    (C.check_rope_bug_prediction, (_flip(*BUG_MEASURED),), False, "were off"),
+    (C.check_rope_bug_prediction, ({**BUG_MEASURED, "keeps lengths": "no"},), False, "write True or False for 'keeps lengths'"),
+    (C.check_rope_bug_prediction, ({"lengths": True},), False, "a dict with the keys"),
+    (C.check_rope_fix, (fix_ok,), True, "both features of pair i now get theta_i"),
+    (C.check_rope_fix, (fix_by_pairs,), True, OK),
+    (C.check_rope_fix, (fix_complex,), True, OK),
+    (C.check_rope_fix, (stub,), None, NA),
+    (C.check_rope_fix, (rope_buggy,), False, "still rope_buggy's output"),
+    (C.check_rope_fix, (fix_interleaved,), False, "that is interleaved RoPE"),
+    (C.check_rope_fix, (fix_sign_flipped,), False, "turns the wrong way (by -angle)"),
+    (C.check_rope_fix, (fix_exponent,), False, "base^(-i/d) counts pairs as if they were features"),
+    (C.check_rope_fix, (fix_from_one,), False, "one position too far"),
+    (C.check_rope_fix, (fix_index_positions,), False, "not by its index t"),
+    (C.check_rope_fix, (fix_default_base,), False, "the base is ignored"),
+    (C.check_rope_fix, (fix_in_place,), False, "changed x in place"),
+    (C.check_rope_fix, (fix_in_place_halves,), False, "changed x in place"),
+    (C.check_rope_fix, (fix_calls_apply_rope,), False, "rope_fixed calls apply_rope"),
+    (C.check_rope_fix, (fix_float64,), False, "return x's dtype"),
     (C.check_to_half_split, (fused_ok,), True, "only the query and key columns moved"),
     (C.check_to_half_split, (fused_loop,), True, "max diff < 1e-12"),
     (C.check_to_half_split, (fused_numpy,), True, OK),
@@ -347,10 +463,23 @@ def test_reference_solutions_are_right():
         assert float(new[0]) == float(old[0]) == 1.0
         assert float(old[-1] / new[-1]) == pytest.approx(scale, rel=1e-9)
         assert ntk_by_solving(base, d, scale) == pytest.approx(ntk_ok(base, d, scale), rel=1e-12)
-    # RoPE scores are shift invariant; an identity "encoding" trivially too
-    Q, K = torch.randn(5, 8, dtype=torch.float64), torch.randn(5, 8, dtype=torch.float64)
-    assert shift_ok(lambda x, q: apply_rope(x, q), Q, K, 40) < 1e-10
-    assert shift_ok(lambda x, q: x + torch.as_tensor(q)[:, None], Q, K, 3) > 1
+    # the slowdown prediction: the bisection base is the closed form's; 1 at pair 0, 4 at the slowest
+    assert NEW_BASE == pytest.approx(ntk_ok(10_000.0, 8, 4.0), rel=1e-9)
+    assert SLOWDOWN[0] == 1.0 and SLOWDOWN[3] == pytest.approx(4.0, rel=1e-9)
+    # rope_buggy: not a rotation, not relative, identity at position 0; equal to apply_rope at d = 2
+    assert BUG_MEASURED == {"keeps lengths": False, "scores depend only on i - j": False,
+                            "position 0 unchanged": True}
+    x2 = torch.randn(3, 5, 2, dtype=torch.float64)
+    torch.testing.assert_close(rope_buggy(x2, torch.arange(5)), apply_rope(x2, torch.arange(5)), rtol=0, atol=1e-15)
+    # the fixes: all three right answers agree with each other, keep lengths and are relative
+    x, pos = torch.randn(2, 6, 10, dtype=torch.float64), torch.tensor([4, 0, 9, 2, 30, 7])
+    torch.testing.assert_close(fix_ok(x, pos, 50.0), fix_by_pairs(x, pos, 50.0), rtol=0, atol=1e-12)
+    torch.testing.assert_close(fix_complex(x, pos, 50.0), fix_by_pairs(x, pos, 50.0), rtol=0, atol=1e-12)
+    torch.testing.assert_close(fix_ok(x, pos).norm(dim=-1), x.norm(dim=-1), rtol=1e-12, atol=0)
+    S = lambda p: fix_ok(x[0], p) @ fix_ok(x[1], p).T  # noqa: E731
+    torch.testing.assert_close(S(pos), S(pos + 1000), rtol=0, atol=1e-9)
+    torch.testing.assert_close(fix_ok(x, pos), apply_rope(x, pos), rtol=0, atol=1e-12)  # and the course's
+    torch.testing.assert_close(fix_interleaved(x, pos), apply_rope(x, pos, interleaved=True), rtol=0, atol=1e-12)
     # the fused conversion: an interleaved model with W and a half-split model with the converted
     # W give the same scores and the same values; the index version equals the reshape version
     torch.manual_seed(3)
@@ -395,7 +524,8 @@ def test_checkers_leave_the_global_random_state_alone(capsys):
     np.random.seed(7)  # noqa: NPY002 - the legacy global state is what we check
     for name in CHECKERS:
         getattr(ex, name)(stub)
-    ex.check_shift_change(shift_ok)
+    ex.check_rope_fix(fix_ok)
+    ex.check_rope_bug_prediction(BUG_MEASURED)
     ex.check_to_half_split(fused_ok)
     capsys.readouterr()
     after_torch, after_np = torch.rand(3), np.random.random(3)  # noqa: NPY002

@@ -30,8 +30,8 @@ The exercises, by notebook (the checker names say what they check):
   ``check_flash_block_sizes``, ``check_largest_head_dim``, ``check_tiled_extra_bytes``.
 * 06: ``check_previous_token_head``, ``check_position_mean_ablation``, ``check_k_composition``,
   ``check_fixed_period_shortcut``.
-* 07: ``check_ntk_base``, ``check_shift_change``, ``check_to_half_split``,
-  ``check_alibi_mass_beyond``.
+* 07: ``check_ntk_prediction``, ``check_ntk_base``, ``check_rope_bug_prediction``,
+  ``check_rope_fix``, ``check_to_half_split``, ``check_alibi_mass_beyond``.
 * 08: ``check_llama_step_prediction``, ``check_llama_step_fix``, ``check_cache_bytes``,
   ``check_sink_ring_cache``, ``check_padding_prediction``, ``check_left_padding``.
 * 09: ``check_replace_prediction``, ``check_weight_name``, ``check_punctuation_score``,

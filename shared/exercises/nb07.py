@@ -7,11 +7,13 @@ import math
 import numpy as np
 import torch
 
-from ._core import _arr, _call, _checker, _close, _diagnose, _shape, _Wrong
+from ._core import _arr, _call, _checker, _close, _diagnose, _maxdiff, _NotAttempted, _shape, _Wrong
 
 __all__ = [
+    "check_ntk_prediction",
     "check_ntk_base",
-    "check_shift_change",
+    "check_rope_bug_prediction",
+    "check_rope_fix",
     "check_to_half_split",
     "check_alibi_mass_beyond",
 ]
@@ -30,6 +32,88 @@ def _number(ans, what: str) -> float:
 # --------------------------------------------------------------------------------------------
 # 7.1 Stretch RoPE without touching the fast pairs (NTK-aware scaling)
 # --------------------------------------------------------------------------------------------
+NTK_HEAD_DIM, NTK_SCALE = 8, 4.0  # the notebook's RoPE model: 8 features per head, 4x the length
+
+
+def _measured_slowdowns(head_dim: int = NTK_HEAD_DIM, scale: float = NTK_SCALE,
+                        base: float = 10_000.0) -> list[float]:
+    """How many times slower each pair turns with the NTK-aware base than with ``base``, read off
+    the angles ``apply_rope`` turns a unit vector by at position 1 (half-split: pair i is features
+    (i, i + d/2))."""
+    from shared.positional import apply_rope
+
+    half = head_dim // 2
+    e = torch.zeros(half, 1, head_dim, dtype=torch.float64)
+    e[torch.arange(half), 0, torch.arange(half)] = 1.0  # row i: feature i = 1, the rest 0
+
+    def angles(b):
+        y = apply_rope(e, [1], base=b)[:, 0]  # (half, head_dim)
+        i = torch.arange(half)
+        return torch.atan2(y[i, i + half], y[i, i])  # (half,): pair i's angle per position
+
+    new_base = base * scale ** (head_dim / (head_dim - 2))
+    return (angles(base) / angles(new_base)).tolist()
+
+
+def _near(a: float, b: float, rel: float = 0.02) -> bool:
+    return math.isfinite(a) and abs(a - b) <= rel * abs(b)
+
+
+@_checker
+def check_ntk_prediction(my_slowdown):
+    """``my_slowdown``: four numbers, how many times slower pairs 0, 1, 2, 3 of the notebook's
+    8-feature RoPE head turn (angle per position before / after) with the NTK-aware base for a 4x
+    longer context. Graded to 2%; the checker measures the slowdowns itself with ``apply_rope``,
+    and shows them only once all four guesses are filled in."""
+    n = NTK_HEAD_DIM // 2
+    if not isinstance(my_slowdown, (list, tuple)) or len(my_slowdown) != n:
+        raise _Wrong(f"my_slowdown must be a list of {n} numbers, one per pair (pairs 0 .. "
+                     f"{n - 1}), e.g. [1.0, 2.0, 2.0, 4.0]; got {my_slowdown!r}")
+    if any(v is None for v in my_slowdown):
+        raise _NotAttempted(f"write a number for each of the {n} pairs in my_slowdown; the "
+                            "measurement is shown once all are filled in")
+    guess = [_number(v, f"the slowdown of pair {i}") for i, v in enumerate(my_slowdown)]
+    measured = _measured_slowdowns()
+    shown = "measured with apply_rope: pairs 0 .. 3 turn " + ", ".join(
+        f"{m:.2f}" for m in measured) + " times slower"
+    off = [i for i in range(n) if not _near(guess[i], measured[i])]
+    if not off:
+        return (f"{shown}. The slowdown grows geometrically with i, from 1 at pair 0 (the "
+                "neighbours keep their angles) to the full 4 at the slowest pair.")
+    pairs = f"pair {off[0]}" if len(off) == 1 else \
+        f"pairs {', '.join(map(str, off[:-1]))} and {off[-1]}"
+    if not all(math.isfinite(g) and g > 0 for g in guess):
+        hint = ("a slowdown is a ratio of two angles per position, old / new: a positive number")
+    elif all(_near(g, 1 / m) for g, m in zip(guess, measured, strict=True)):
+        hint = ("you gave new / old: a slowdown is the old angle per position over the new one, "
+                "above 1 for a pair that turns slower")
+    elif all(_near(g, NTK_SCALE) for g in guess):
+        hint = ("that is position interpolation's pattern, every pair slowed alike; a new base "
+                "acts through the exponent -2i/d of theta_i: what does it do at i = 0, and in "
+                "between?")
+    elif 0 in off:
+        hint = "what is base^(-2i/d) at i = 0, for any base?"
+    elif n - 1 in off:
+        hint = ("the new base is chosen so that the slowest pair turns exactly `scale` times "
+                "slower: that one the task sets for you")
+    elif all(_near(guess[i], 1 + (NTK_SCALE - 1) * i / (n - 1)) for i in range(1, n - 1)):
+        hint = ("the pairs between are not evenly spaced: equal steps in i add equal amounts to "
+                "the exponent of theta_i; do equal steps in an exponent add to a factor, or "
+                "multiply it?")
+    elif all(_near(guess[i], 1.0) for i in range(1, n - 1)):
+        hint = ("a new base changes every theta_i whose exponent -2i/d is not 0, not only the "
+                "slowest pair's")
+    elif all(_near(guess[i], NTK_SCALE) for i in range(1, n - 1)):
+        hint = ("that is position interpolation's pattern (every pair slowed alike) for the "
+                "pairs between; a new base acts through the exponent -2i/d, so each i is slowed "
+                "by its own factor")
+    else:
+        hint = ("write pair i's slowdown as a power of b'/base, then use the slowest pair to "
+                "find b'/base")
+    raise _Wrong(f"{shown}; your guess for {pairs} {'was' if len(off) == 1 else 'were'} off: "
+                 f"{hint}")
+
+
 @_checker
 def check_ntk_base(ntk_base):
     """``ntk_base(base, head_dim, scale)`` -> the new base ``b'`` for which pair 0 keeps its
@@ -73,90 +157,169 @@ def check_ntk_base(ntk_base):
 
 
 # --------------------------------------------------------------------------------------------
-# 7.2 A numerical test: shift every position, measure how much the scores move
+# 7.2 Find the bug: half-split pairs, interleaved angles
 # --------------------------------------------------------------------------------------------
-def _positions(p) -> torch.Tensor:
-    t = torch.as_tensor(np.asarray(p.detach().cpu() if isinstance(p, torch.Tensor) else p))
-    if t.is_floating_point() or t.dtype == torch.bool or t.ndim != 1:
-        raise TypeError(f"positions must be a 1-D sequence of integers; got {t.dtype} with "
-                        f"shape {tuple(t.shape)}")
-    return t.to(torch.int64)
-
-
-def _enc_rope(x, positions):
-    """RoPE (apply_rope): scores depend on relative positions only."""
-    from shared.positional import apply_rope
-
-    return apply_rope(x, _positions(positions), base=100.0)
-
-
-def _enc_sinusoid(x, positions):
-    """x + the sinusoidal encoding of each position (notebook 02): absolute positions."""
-    pos = _positions(positions).to(torch.float64)[:, None]
+def _rope_buggy(x, positions, base=10000.0):
+    """The notebook's ``rope_buggy`` (the same code, shorter comments): rotate_half pairs
+    feature j with j + d/2, but repeat_interleave lays the angles out for pairs (2i, 2i + 1)."""
     d = x.shape[-1]
-    freq = 100.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-    pe = torch.stack((torch.sin(pos * freq), torch.cos(pos * freq)), dim=-1).flatten(-2)
-    return x + pe.to(x.dtype)
+    theta = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)  # (d/2,): base^(-2i/d)
+    angles = torch.as_tensor(positions, dtype=torch.float64)[:, None] * theta  # (T, d/2)
+    cos = angles.cos().repeat_interleave(2, dim=-1).to(x.dtype)  # (T, d): one column per feature
+    sin = angles.sin().repeat_interleave(2, dim=-1).to(x.dtype)
+    x1, x2 = x[..., :d // 2], x[..., d // 2:]
+    rotate_half = torch.cat((-x2, x1), dim=-1)  # each feature's partner, j + d/2 or j - d/2
+    return x * cos + rotate_half * sin
 
 
-def _enc_squared(x, positions):
-    """A rotation by position**2: a rotation, yet not relative."""
-    from shared.positional import apply_rope
+ROPE_BUG_KEYS = ("keeps lengths", "scores depend only on i - j", "position 0 unchanged")
+_ROPE_BUG_HINTS = {
+    "keeps lengths": "code built from cos, sin and rotate_half is a rotation only if both "
+                     "features of a pair are turned by the same angle: write out which theta "
+                     "each column of cos holds for d = 4, and which features rotate_half pairs",
+    "scores depend only on i - j": "the relative-position property comes from R_m^T R_n = "
+                                   "R_(n-m), which holds for rotations; is every pair here "
+                                   "really rotated?",
+    "position 0 unchanged": "at position 0 every angle is 0, whatever the layout of cos and sin: "
+                            "cos 0 = 1 and sin 0 = 0",
+}
 
-    p = _positions(positions)
-    return apply_rope(x, p * p, base=100.0)
 
-
-def _scores(encode, Q, K, pq, pk) -> torch.Tensor:
-    return encode(Q, pq) @ encode(K, pk).T
+def _measure_rope_bug() -> tuple[dict, dict]:
+    """Each property of ``_rope_buggy`` measured on seeded random inputs (d = 8 and 16, batches of
+    heads): a property holds if it holds to 1e-9 (a rotation gives float64 rounding, ~1e-14)."""
+    g = torch.Generator().manual_seed(712)
+    length = shift = zero = 0.0
+    for d in (8, 16):
+        x = torch.randn(2, 3, 9, d, generator=g, dtype=torch.float64)
+        pos = torch.arange(9)
+        y = _rope_buggy(x, pos)
+        length = max(length, float((y.norm(dim=-1) / x.norm(dim=-1) - 1).abs().max()))
+        zero = max(zero, float((y[..., 0, :] - x[..., 0, :]).abs().max()))
+        q, k = x[0], x[1]  # (3, 9, d): three heads' queries and keys
+        scores = _rope_buggy(q, pos) @ _rope_buggy(k, pos).transpose(-1, -2)
+        for offset in (7, 100):
+            moved = _rope_buggy(q, pos + offset) @ _rope_buggy(k, pos + offset).transpose(-1, -2)
+            shift = max(shift, float((scores - moved).abs().max()))
+    sizes = {"keeps lengths": length, "scores depend only on i - j": shift,
+             "position 0 unchanged": zero}
+    return {key: sizes[key] < 1e-9 for key in ROPE_BUG_KEYS}, sizes
 
 
 @_checker
-def check_shift_change(shift_change):
-    """``shift_change(encode, Q, K, offset)`` -> one number: the largest absolute change of the
-    score matrix ``encode(Q, p) @ encode(K, p).T`` (``p = 0 .. T-1``) when every position moves
-    to ``p + offset``. ``encode(x, positions)`` is a position encoding handed in by the checker
-    (RoPE, added sinusoids, ...); ``Q``, ``K`` are ``(T, d)`` torch tensors."""
-    g = torch.Generator().manual_seed(702)
-    T, d = 6, 8
-    Q = torch.randn(T, d, generator=g, dtype=torch.float64)
-    K = torch.randn(T, d, generator=g, dtype=torch.float64)
-    p = torch.arange(T)
-    found = {}
-    for encode, name in ((_enc_rope, "RoPE"), (_enc_sinusoid, "added sinusoids"),
-                         (_enc_squared, "a rotation by position**2")):
-        for offset in (5, 123):
-            Q_in, K_in = Q.clone(), K.clone()
-            ans = _call(shift_change, encode, Q_in, K_in, offset, name="shift_change")
-            got = _number(ans, "shift_change's result")
-            S0 = _scores(encode, Q, K, p, p)
-            diff = S0 - _scores(encode, Q, K, p + offset, p + offset)
-            ref = float(diff.abs().max())
-            if abs(got - ref) <= 1e-9 + 1e-6 * ref:
-                found[(name, offset)] = ref
-                continue
-            if ref > 1e-6 and got == 0:
-                raise _Wrong(f"you got 0 for {name}, whose scores do change with a shift: "
-                             "compare the scores at positions 0 .. T-1 with the scores at "
-                             "offset .. offset+T-1 (not with themselves)")
-            only_one = ("shift the keys' positions too: with only the queries moved, the "
-                        "distance m - n changes, so even RoPE's scores change")
-            for hint, value in (
-                (only_one, (S0 - _scores(encode, Q, K, p + offset, p)).abs().max()),
-                (only_one, (S0 - _scores(encode, Q, K, p, p + offset)).abs().max()),
-                ("encode the keys too: the score is encode(Q, p) @ encode(K, p).T",
-                 (encode(Q, p) @ K.T - encode(Q, p + offset) @ K.T).abs().max()),
-                ("take the absolute value of the differences before the maximum", diff.max()),
-                ("report the largest absolute change (max), not the average", diff.abs().mean()),
-            ):
-                if abs(got - float(value)) <= 1e-9 + 1e-6 * abs(float(value)):
-                    raise _Wrong(hint)
-            raise _Wrong(f"for {name} with offset {offset} the largest change is {ref:.4g}; "
-                         f"got {got:.4g}")
-    rope_max = max(v for (n, _), v in found.items() if n == "RoPE")
-    rope = "less than 1e-10 (float rounding)" if rope_max < 1e-10 else f"{rope_max:.1e}"
-    return (f"under shifts of 5 and 123, RoPE's scores moved by {rope}; added sinusoids' by up "
-            f"to {max(found[('added sinusoids', o)] for o in (5, 123)):.4f}.")
+def check_rope_bug_prediction(my_prediction):
+    """``my_prediction``: ``{"keeps lengths": bool, "scores depend only on i - j": bool,
+    "position 0 unchanged": bool}`` about ``rope_buggy``. The checker measures the three itself,
+    on hidden inputs, and shows the measurement only once all three guesses are filled in."""
+    example = ", ".join(f"{k!r}: True" for k in ROPE_BUG_KEYS)
+    if not isinstance(my_prediction, dict) or set(my_prediction) != set(ROPE_BUG_KEYS):
+        keys = ", ".join(map(repr, ROPE_BUG_KEYS))
+        raise _Wrong(f"my_prediction must be a dict with the keys {keys} (e.g. {{{example}}}); "
+                     f"got {my_prediction!r}")
+    if any(my_prediction[k] is None for k in ROPE_BUG_KEYS):
+        raise _NotAttempted("write True or False for each of the three properties in "
+                            "my_prediction; the measurement is shown once all are filled in")
+    for key in ROPE_BUG_KEYS:
+        if not isinstance(my_prediction[key], (bool, np.bool_)):
+            raise _Wrong(f"write True or False for {key!r}; got {my_prediction[key]!r}")
+    holds, sizes = _measure_rope_bug()
+    shown = (f"measured: lengths change by up to {sizes['keeps lengths']:.0%}, moving every "
+             "position by 7 or 100 changes scores by up to "
+             f"{sizes['scores depend only on i - j']:.1f}, position 0 comes back exactly")
+    off = [k for k in ROPE_BUG_KEYS if bool(my_prediction[k]) != holds[k]]
+    if off:
+        raise _Wrong(f"{shown}; your guess for {' and '.join(map(repr, off))} "
+                     f"{'was' if len(off) == 1 else 'were'} off: "
+                     + "; ".join(_ROPE_BUG_HINTS[k] for k in off))
+    return (f"{shown}. rope_buggy is not a rotation, and at d = 2 it equals apply_rope: a test "
+            "at d = 2 would miss the bug. Now find it and fix it.")
+
+
+_COURSE_ROPES = ("apply_rope", "rope_half_split", "rope_by_complex", "rope_interleaved",
+                 "rope_by_matrix", "rope_matrix")
+
+
+def _names_used(code) -> set:
+    """Global and attribute names a function's code uses, nested functions included."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names |= _names_used(const)
+    return names
+
+
+# (shape of x, dtype, positions, base): several d, batch shapes and bases; d = 2 last (there every
+# pairing is the same pair), float32 with small positions (float32 angles stay within 1e-5)
+_ROPE_FIX_CASES = (
+    ((6, 8), torch.float64, [0, 1, 2, 3, 4, 5], 10_000.0),
+    ((2, 5, 12), torch.float64, [3, 7, 8, 20, 50], 100.0),
+    ((2, 3, 4, 16), torch.float32, [2, 3, 4, 5], 500_000.0),
+    ((3, 6), torch.float64, [900, 1000, 1100], 10_000.0),
+    ((1, 2, 3, 2), torch.float64, [5, 0, 9], 10.0),
+)
+
+
+@_checker
+def check_rope_fix(rope_fixed):
+    """``rope_fixed(x, positions, base)``: half-split RoPE written out, pair i = features
+    ``(i, i + d/2)`` turned by ``positions[t] * base ** (-2i / d)``; x ``(..., T, d)``, positions
+    ``(T,)`` int64 -> a new tensor like x (same shape and dtype), x itself unchanged. Compared with
+    ``shared.positional.apply_rope`` on hidden cases."""
+    from shared.positional import apply_rope
+
+    fn = getattr(rope_fixed, "__code__", None)
+    used = sorted(_names_used(fn) & set(_COURSE_ROPES)) if fn is not None else []
+    if used:
+        raise _Wrong(f"rope_fixed calls {', '.join(used)}: write it from the formula (fix "
+                     "rope_buggy) instead of calling a finished RoPE")
+    g = torch.Generator().manual_seed(722)
+    for shape, dtype, positions, base in _ROPE_FIX_CASES:
+        x = torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
+        pos = torch.tensor(positions)
+        T = shape[-2]
+        x_in, pos_in = x.clone(), pos.clone()
+        where = f"x of shape {shape} ({dtype}), positions {positions}, base {base:g}"
+        ans = _call(rope_fixed, x_in, pos_in, base, name="rope_fixed", copy=False,
+                    on_error=f"on {where}")
+        if not torch.equal(x_in, x):
+            raise _Wrong("rope_fixed changed x in place (an x[...] = ..., x1 *= ... or .mul_): "
+                         "build the result as a new tensor and leave x as it was")
+        got = _arr(ans, "rope_fixed's result")
+        _shape(got, shape, "rope_fixed's result", "(the shape of x)")
+        atol = 1e-5 if dtype == torch.float32 else 1e-9
+        ref = apply_rope(x, pos, base=base)
+        if not _close(got, _arr(ref), atol):
+            _diagnose(got, [
+                ("that is still rope_buggy's output: feature j and its partner j + d/2 are "
+                 "turned by different angles; look at which theta each column of cos and sin "
+                 "holds", _arr(_rope_buggy(x, pos, base))),
+                ("that is interleaved RoPE (pairs (2i, 2i + 1), rotate every two features); "
+                 "rope_buggy's docstring promises half-split pairs (i, i + d/2), like "
+                 "apply_rope's default: keep rotate_half and fix the angles instead",
+                 _arr(apply_rope(x, pos, base=base, interleaved=True))),
+                ("each pair turns the wrong way (by -angle): R(a) maps (x1, x2) to "
+                 "(x1 cos a - x2 sin a, x1 sin a + x2 cos a); check the signs in rotate_half",
+                 _arr(apply_rope(x, -pos, base=base))),
+                ("theta_i = base^(-i/d) counts pairs as if they were features: pair i's "
+                 "exponent is -2i/d (torch.arange(0, d, 2) / d, or 2 * arange(d/2) / d)",
+                 _arr(apply_rope(x, pos, base=base ** 0.5))),
+                ("every token is turned one position too far: positions count from 0, and a "
+                 "token at position 0 is not turned; use positions as they are",
+                 _arr(apply_rope(x, pos + 1, base=base))),
+                ("turn token t by positions[t], the position handed in, not by its index t: "
+                 "positions need not be 0 .. T-1", _arr(apply_rope(x, torch.arange(T), base=base))),
+                ("turn token t by positions[t], as handed in (not by t + 1)",
+                 _arr(apply_rope(x, torch.arange(1, T + 1), base=base))),
+                ("the base is ignored: theta_i = base^(-2i/d) with the base handed in",
+                 _arr(apply_rope(x, pos, base=10_000.0)) if base != 10_000.0 else None),
+            ], atol)
+            raise _Wrong(f"on {where} the largest difference from apply_rope is "
+                         f"{_maxdiff(got, _arr(ref))}")
+        if isinstance(ans, torch.Tensor) and ans.dtype != dtype:
+            raise _Wrong(f"for a {dtype} x you returned {ans.dtype}: return x's dtype (compute "
+                         "the angles in float64, then .to(x.dtype), as apply_rope does)")
+    return ("rope_fixed equals apply_rope for d = 2 .. 16, batches of heads, float32 and "
+            "float64, positions up to 1100: both features of pair i now get theta_i.")
 
 
 # --------------------------------------------------------------------------------------------

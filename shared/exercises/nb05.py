@@ -4,7 +4,8 @@
 5.2 merge two partial online-softmax states (split-K, as Flash-Decoding does); 5.3 predict the
 forward + backward peak of naive attention in score matrices (the checker measures it); 5.4
 FlashAttention's block sizes from an SRAM budget, and the largest head size whose tiles, score
-tile included, fit; 5.5 the tiled version's extra memory predicted from its description (then measured in the notebook).
+tile included, fit; 5.5 the tiled version's extra memory predicted from its description (then
+measured in the notebook).
 
 References are computed before the learner's code runs; answers computed in float32 are accepted
 (float32 tolerances); numbers must be numbers (text that reads as one is rejected).

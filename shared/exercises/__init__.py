@@ -26,7 +26,7 @@ The exercises, by notebook (the checker names say what they check):
   ``check_expected_empty_rows``, ``check_causal_bug_fix``.
 * 04: ``check_bug_prediction``, ``check_fixed_multi_head``, ``check_duplicate_token_head``,
   ``check_attention_parameters``, ``check_gqa_prediction``, ``check_padding_changes``.
-* 05: ``check_time_call``, ``check_merge_partials``, ``check_saved_probs_fraction``,
+* 05: ``check_time_call``, ``check_merge_partials``, ``check_training_peak``,
   ``check_flash_block_sizes``, ``check_largest_head_dim``, ``check_tiled_extra_bytes``.
 * 06: ``check_previous_token_head``, ``check_position_mean_ablation``, ``check_k_composition``,
   ``check_fixed_period_shortcut``.

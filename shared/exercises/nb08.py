@@ -169,7 +169,8 @@ def check_llama_step_prediction(first_wrong):
         raise _Wrong(f"first_wrong must be a dict with the keys {list(keys)}; got {first_wrong!r}")
     if any(v is None for v in first_wrong.values()):
         raise _NotAttempted("write \"prefill\", \"decode\" or \"never\" for each bug in "
-                            "first_wrong; the checker measures it, and shows the measurement once all three are right")
+                            "first_wrong; the checker measures it, and shows the measurement "
+                            "once all three are right")
     for key, guess in first_wrong.items():
         if guess not in _PREDICT_CHOICES:
             raise _Wrong(f"write \"prefill\", \"decode\" or \"never\" for {key!r}; got {guess!r}")
@@ -177,8 +178,9 @@ def check_llama_step_prediction(first_wrong):
     shown = "; ".join(f"{key}: {measured[key]}" for key in keys)
     off = [key for key in keys if first_wrong[key] != measured[key]]
     if off:  # name only the wrong guesses and why, not the measured answers
-        raise _Wrong(f"your guess for {', '.join(map(repr, off))} {'is' if len(off) == 1 else 'are'} "
-                     "off: " + "; ".join(_PREDICT_HINTS[key] for key in off))
+        verb = "is" if len(off) == 1 else "are"
+        raise _Wrong(f"your guess for {', '.join(map(repr, off))} {verb} off: "
+                     + "; ".join(_PREDICT_HINTS[key] for key in off))
     return (f"measured: {shown}. A test of a cached step needs a pass after the prefill and "
             "1 < H_kv < H: the author's test (one pass, H_kv = H) had neither.")
 
@@ -274,7 +276,8 @@ def _roofline(c: dict, mistake: str | None = None, ceiling: bool = False) -> flo
     d = c["D"] // c["H"] if mistake == "head_dim" else c["d"]
     attention_weights = 2 * c["D"] * c["H"] * d + 2 * c["D"] * c["H_kv"] * d  # q, o; k, v
     mlp = 0 if mistake == "no_mlp" else 3 * c["D"] * c["F"]
-    params = (c["L"] * (attention_weights + mlp) + (0 if mistake == "no_output" else c["V"] * c["D"])
+    output_layer = 0 if mistake == "no_output" else c["V"] * c["D"]
+    params = (c["L"] * (attention_weights + mlp) + output_layer
               + (c["V"] * c["D"] if mistake == "embedding" else 0))
     heads = c["H_kv"] if mistake == "kv_flops" else c["H"]
     attention_flops = 0 if mistake == "no_attn_flops" else 4 * c["L"] * heads * d * c["T"]
@@ -287,7 +290,8 @@ def _roofline(c: dict, mistake: str | None = None, ceiling: bool = False) -> flo
     B = c["B"]
     weight_bytes = e * params * (B if mistake == "weights_per_seq" else 1)
     ratio = B * per_seq_flops / (weight_bytes + cache * (1 if mistake == "cache_once" else B))
-    return {"units": ratio * 2**30 / 1e9, "gib": ratio * 2**30, "inverted": 1 / ratio}.get(mistake, ratio)
+    as_computed = {"units": ratio * 2**30 / 1e9, "gib": ratio * 2**30, "inverted": 1 / ratio}
+    return as_computed.get(mistake, ratio)
 
 
 _ROOF_HINTS = {
@@ -341,8 +345,9 @@ def check_ceiling_prediction(llama3_ceiling):
     prediction near a known mistake is told which; the value itself is shown only when right."""
     if llama3_ceiling is None:
         raise _NotAttempted("llama3_ceiling is still None: write down your prediction first")
-    if isinstance(llama3_ceiling, bool) or not isinstance(
-            llama3_ceiling, (int, float, np.integer, np.floating)) or not np.isfinite(llama3_ceiling):
+    number = (int, float, np.integer, np.floating)
+    if isinstance(llama3_ceiling, bool) or not isinstance(llama3_ceiling, number) \
+            or not np.isfinite(llama3_ceiling):
         raise _Wrong(f"llama3_ceiling should be a number of FLOPs per byte; got {llama3_ceiling!r}")
     p, right = float(llama3_ceiling), _llama3_ceiling()
     if abs(p - right) <= 0.15 * right:
@@ -385,8 +390,9 @@ def check_decode_flop_per_byte(decode_flop_per_byte):
     read once), all in ``dtype``."""
     answers, numbers = [], []
     for config, T, batch_size, dtype in _ROOF_CASES:
-        on_error = ("a config without num_key_value_heads has one key/value head per query head, and "
-                    "one without head_dim has hidden_size // num_attention_heads: use config.get"
+        on_error = ("a config without num_key_value_heads has one key/value head per query "
+                    "head, and one without head_dim has hidden_size // num_attention_heads: "
+                    "use config.get"
                     if "num_key_value_heads" not in config else "")
         ans = _call(decode_flop_per_byte, dict(config), T, batch_size, dtype=dtype,
                     name="decode_flop_per_byte", on_error=on_error)
@@ -398,9 +404,10 @@ def check_decode_flop_per_byte(decode_flop_per_byte):
     refs = [_roofline(c) for c in numbers]
     if all(np.isclose(a, r, rtol=1e-6, atol=0) for a, r in zip(answers, refs, strict=True)):
         c = _roof_numbers(_LLAMA_3_8B, 4096, 1, torch.bfloat16)
+        at_1024, repeat = _roofline({**c, "B": 1024}), _llama3_ceiling("repeat")
         return (f"Llama-3-8B at T = 4096: {_roofline(c):.1f} FLOP per byte at batch 1, "
-                f"{_roofline({**c, 'B': 1024}):.1f} at batch 1024, ceiling {_llama3_ceiling():.1f}; "
-                f"with repeated key/value heads the ceiling would be {_llama3_ceiling('repeat'):.1f}.")
+                f"{at_1024:.1f} at batch 1024, ceiling {_llama3_ceiling():.1f}; with repeated "
+                f"key/value heads the ceiling would be {repeat:.1f}.")
     for mistake, hint in _ROOF_HINTS.items():
         if all(np.isclose(a, _roofline(c, mistake), rtol=1e-6, atol=0)
                for a, c in zip(answers, numbers, strict=True)):

@@ -106,63 +106,71 @@ def llama_attention(layer, x, cache):  # the notebook's cell that uses a KVCache
 
 
 # 8.2 ------------------------------------------------------------------------------------------
+LLAMA_3_8B = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096,
+              "intermediate_size": 14336, "vocab_size": 128256}  # Meta-Llama-3-8B's config.json
+
+
 def esize(dtype):
     return {torch.float16: 2, torch.bfloat16: 2, torch.float32: 4, torch.float64: 8}[dtype]
 
 
-def head_dim(config):
-    return config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-
-
-def bytes_ok(config, T, batch_size=1, dtype=torch.float16):
-    H_kv = config.get("num_key_value_heads", config["num_attention_heads"])
-    return 2 * config["num_hidden_layers"] * batch_size * H_kv * T * head_dim(config) * esize(dtype)
-
-
-def bytes_no_two(config, T, batch_size=1, dtype=torch.float16):
-    return bytes_ok(config, T, batch_size, dtype) // 2
-
-
-def bytes_query_heads(config, T, batch_size=1, dtype=torch.float16):
-    H = config["num_attention_heads"]
-    return 2 * config["num_hidden_layers"] * batch_size * H * T * head_dim(config) * esize(dtype)
-
-
-def bytes_hidden_over_kv(config, T, batch_size=1, dtype=torch.float16):
-    H_kv = config.get("num_key_value_heads", config["num_attention_heads"])
-    return 2 * config["num_hidden_layers"] * batch_size * H_kv * T * (config["hidden_size"] // H_kv) * esize(dtype)
-
-
-def bytes_ignores_head_dim(config, T, batch_size=1, dtype=torch.float16):
-    H = config["num_attention_heads"]
+def roof_parts(config, T, dtype, *, kv_reads=1, mlp=True, kv_flops=False, split_head_dim=False):
+    """(FLOPs of one sequence, bytes of the weights, bytes of one sequence's cache), written from the
+    description: every matrix of a layer counted by its shape, the output layer, no embedding table."""
+    L, H, D = config["num_hidden_layers"], config["num_attention_heads"], config["hidden_size"]
     H_kv = config.get("num_key_value_heads", H)
-    return 2 * config["num_hidden_layers"] * batch_size * H_kv * T * (config["hidden_size"] // H) * esize(dtype)
+    d = D // H if split_head_dim else config.get("head_dim", D // H)
+    shapes = [(D, H * d), (D, H_kv * d), (D, H_kv * d), (H * d, D)]  # q_proj, k_proj, v_proj, o_proj
+    if mlp:
+        shapes += [(D, config["intermediate_size"])] * 3  # gate, up, down
+    weights = L * sum(a * b for a, b in shapes) + config["vocab_size"] * D
+    flops = 2 * weights + L * (H_kv if kv_flops else H) * (2 * d * T + 2 * d * T)  # q.k, then weights x V
+    return flops, weights * esize(dtype), 2 * L * H_kv * T * d * esize(dtype) * kv_reads
 
 
-def bytes_elements(config, T, batch_size=1, dtype=torch.float16):
-    return bytes_ok(config, T, batch_size, dtype) // esize(dtype)
+def roof_ok(config, T, batch_size, dtype=torch.bfloat16):
+    flops, weight_bytes, cache_bytes = roof_parts(config, T, dtype)
+    return batch_size * flops / (weight_bytes + batch_size * cache_bytes)
 
 
-def bytes_hidden_size(config, T, batch_size=1, dtype=torch.float16):
-    H_kv = config.get("num_key_value_heads", config["num_attention_heads"])
-    return 2 * config["num_hidden_layers"] * batch_size * H_kv * T * config["hidden_size"] * esize(dtype)
+def roof_repeat(config, T, batch_size, dtype=torch.bfloat16):  # K and V read once per query head
+    g = config["num_attention_heads"] // config.get("num_key_value_heads", config["num_attention_heads"])
+    flops, weight_bytes, cache_bytes = roof_parts(config, T, dtype, kv_reads=g)
+    return batch_size * flops / (weight_bytes + batch_size * cache_bytes)
 
 
-def bytes_always_two(config, T, batch_size=1, dtype=torch.float16):
-    return bytes_ok(config, T, batch_size, torch.float16)
+def roof_no_mlp(config, T, batch_size, dtype=torch.bfloat16):
+    flops, weight_bytes, cache_bytes = roof_parts(config, T, dtype, mlp=False)
+    return batch_size * flops / (weight_bytes + batch_size * cache_bytes)
 
 
-def bytes_no_batch(config, T, batch_size=1, dtype=torch.float16):
-    return bytes_ok(config, T, 1, dtype)
+def roof_two_bytes(config, T, batch_size, dtype=torch.bfloat16):  # bytes per element hard-coded
+    return roof_ok(config, T, batch_size, torch.float16)
 
 
-def bytes_gib(config, T, batch_size=1, dtype=torch.float16):
-    return bytes_ok(config, T, batch_size, dtype) / 2**30
+def roof_gflop_per_gib(config, T, batch_size, dtype=torch.bfloat16):  # GFLOP over GiB
+    flops, weight_bytes, cache_bytes = roof_parts(config, T, dtype)
+    return (batch_size * flops / 1e9) / ((weight_bytes + batch_size * cache_bytes) / 2**30)
 
 
-def bytes_key_error(config, T, batch_size=1, dtype=torch.float16):
-    H_kv = config["num_key_value_heads"]
-    return 2 * config["num_hidden_layers"] * batch_size * H_kv * T * head_dim(config) * esize(dtype)
+def roof_kv_flops(config, T, batch_size, dtype=torch.bfloat16):
+    flops, weight_bytes, cache_bytes = roof_parts(config, T, dtype, kv_flops=True)
+    return batch_size * flops / (weight_bytes + batch_size * cache_bytes)
+
+
+def roof_one_cache(config, T, batch_size, dtype=torch.bfloat16):
+    flops, weight_bytes, cache_bytes = roof_parts(config, T, dtype)
+    return batch_size * flops / (weight_bytes + cache_bytes)
+
+
+def roof_split_head_dim(config, T, batch_size, dtype=torch.bfloat16):
+    flops, weight_bytes, cache_bytes = roof_parts(config, T, dtype, split_head_dim=True)
+    return batch_size * flops / (weight_bytes + batch_size * cache_bytes)
+
+
+def roof_key_error(config, T, batch_size, dtype=torch.bfloat16):
+    config["num_key_value_heads"]  # noqa: B018 - a config without it raises KeyError
+    return roof_ok(config, T, batch_size, dtype)
 
 
 # 8.3 ------------------------------------------------------------------------------------------
@@ -342,32 +350,31 @@ CASES = [
     (C.check_llama_step_fix, (step_repeated_cache,), False, "cache the 2 key/value heads"),
     (C.check_llama_step_fix, (step_out_only,), False, "return three things"),
     (C.check_llama_step_fix, (llama_attention,), False, "llama_attention raised TypeError"),
-    (C.check_cache_bytes, (bytes_ok, 3.5), True, "1 GiB"),
-    (C.check_cache_bytes, (stub, 3.5), None, NA),
-    (C.check_cache_bytes, (bytes_ok, None), None, "gemma_7b_gib is still None"),
-    (C.check_cache_bytes, (bytes_ok, 2.625), False, "192 dimensions per head"),
-    (C.check_cache_bytes, (bytes_ok, 3.5), True, "as you predicted"),
-    (C.check_cache_bytes, (bytes_ok, 3.49), True, "as you predicted"),
-    (C.check_cache_bytes, (bytes_ok, 7), False, "takes 2 bytes"),
-    (C.check_cache_bytes, (bytes_ok, 1.75), False, "keys AND values"),
-    (C.check_cache_bytes, (bytes_ok, 3.758), False, "a GiB is 2^30 bytes"),
-    (C.check_cache_bytes, (bytes_ok, 0.125), False, "one layer's cache"),
-    (C.check_cache_bytes, (bytes_ok, 5), False, "0.7 times it"),
-    (C.check_cache_bytes, (bytes_ok, "3.5"), False, "should be a number of GiB"),
-    (C.check_cache_bytes, (bytes_no_two, 3.5), False, "keys AND values"),
-    (C.check_cache_bytes, (bytes_query_heads, 3.5), False, "use num_key_value_heads"),
-    (C.check_cache_bytes, (bytes_hidden_over_kv, 3.5), False, "not hidden_size // num_key_value_heads"),
-    (C.check_cache_bytes, (bytes_ignores_head_dim, 3.5), False, "when a config gives head_dim, it wins"),
-    (C.check_cache_bytes, (bytes_elements, 3.5), False, "number of elements"),
-    (C.check_cache_bytes, (bytes_hidden_size, 3.5), False, "not hidden_size"),
-    (C.check_cache_bytes, (bytes_always_two, 3.5), False, "do not assume 2"),
-    (C.check_cache_bytes, (bytes_no_batch, 3.5), False, "multiply by batch_size"),
-    (C.check_cache_bytes, (bytes_gib, 3.5), False, "not GiB"),
-    (C.check_cache_bytes, (bytes_key_error, 3.5), False, "config.get('num_key_value_heads'"),
+    (C.check_ceiling_prediction, (32,), True, "4 x 7.2 = 28.8"),
+    (C.check_ceiling_prediction, (28.8,), True, "larger MLP"),
+    (C.check_ceiling_prediction, (None,), None, NA),
+    (C.check_ceiling_prediction, (8.0,), False, "g = 4 times"),
+    (C.check_ceiling_prediction, (7.2,), False, "Llama-2-7B's ceiling"),
+    (C.check_ceiling_prediction, (11,), False, "leave out the MLP"),
+    (C.check_ceiling_prediction, (16,), False, "2 bytes, not 4"),
+    (C.check_ceiling_prediction, (1.1,), False, "that is batch 1"),
+    (C.check_ceiling_prediction, (295,), False, "too high"),
+    (C.check_ceiling_prediction, (20,), False, "too low"),
+    (C.check_ceiling_prediction, ("32",), False, "should be a number"),
+    (C.check_decode_flop_per_byte, (roof_ok,), True, "ceiling 32.0"),
+    (C.check_decode_flop_per_byte, (stub,), None, NA),
+    (C.check_decode_flop_per_byte, (roof_repeat,), False, "once for its whole group"),
+    (C.check_decode_flop_per_byte, (roof_no_mlp,), False, "MLP's three matrices"),
+    (C.check_decode_flop_per_byte, (roof_two_bytes,), False, "do not assume 2"),
+    (C.check_decode_flop_per_byte, (roof_gflop_per_gib,), False, "a GiB is 2**30 bytes"),
+    (C.check_decode_flop_per_byte, (roof_kv_flops,), False, "H query heads, not H_kv"),
+    (C.check_decode_flop_per_byte, (roof_one_cache,), False, "its own cache"),
+    (C.check_decode_flop_per_byte, (roof_split_head_dim,), False, "when a config gives head_dim"),
+    (C.check_decode_flop_per_byte, (roof_key_error,), False, "use config.get"),
     (C.check_sink_ring_cache, (RingOK,), True, "sink + band mask"),
     (C.check_sink_ring_cache, (RingCat,), True, OK),
     (C.check_sink_ring_cache, (RingStub,), None, NA),
-    (C.check_sink_ring_cache, (RingNoSinks,), False, "they are never evicted"),
+    (C.check_sink_ring_cache, (RingNoSinks,), False, "which of the others holds the oldest"),
     (C.check_sink_ring_cache, (RingShort,), False, "one recent token too few"),
     (C.check_sink_ring_cache, (RingAllSlots,), False, "slots not written yet"),
     (C.check_padding_prediction, ("mask",), True, "cancels in every score"),
@@ -430,28 +437,29 @@ def test_checkers_never_raise_on_odd_answers(capsys):
             assert out.count("\n") == 1, (name, out)
 
 
-def test_cache_bytes_mistakes_are_told_apart_on_the_hidden_cases():
-    """No two hinted mistakes (nor a mistake and the right answer) agree on every hidden case:
-    in particular hidden_size // num_key_value_heads, which equals the num_attention_heads
-    mistake whenever the config has no head_dim, differs from it on the explicit-head_dim cases."""
-    wrongs = [bytes_no_two, bytes_query_heads, bytes_hidden_over_kv, bytes_ignores_head_dim,
-              bytes_elements, bytes_hidden_size, bytes_always_two, bytes_no_batch, bytes_gib]
-    configs = [  # the checker's cases
-        ({"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096},
-         8192, 1, torch.bfloat16),
-        ({"num_hidden_layers": 3, "num_attention_heads": 6, "num_key_value_heads": 2, "hidden_size": 48},
-         10, 3, torch.float64),
-        ({"num_hidden_layers": 5, "num_attention_heads": 4, "num_key_value_heads": 1, "hidden_size": 40},
-         7, 2, torch.float32),
-        ({"num_hidden_layers": 32, "num_attention_heads": 32, "hidden_size": 4096}, 4096, 1, torch.float16),
-        ({"num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 256,
-          "hidden_size": 3072}, 8192, 1, torch.bfloat16),
-        ({"num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 6,
-          "hidden_size": 40}, 5, 3, torch.float32),
-    ]
-    vectors = {f.__name__: tuple(f(c, T, B, dt) for c, T, B, dt in configs) for f in [bytes_ok, *wrongs]}
+def test_roofline_mistakes_are_told_apart_on_the_hidden_cases():
+    """No two hinted mistakes (nor a mistake and the right answer) agree on every hidden case, and
+    the checker's formula for each equals the independent version above where there is one."""
+    vectors = {m: tuple(nb08._roofline(nb08._roof_numbers(*case), m) for case in nb08._ROOF_CASES)
+               for m in [None, *nb08._ROOF_HINTS]}
     for (a, va), (b, vb) in itertools.combinations(vectors.items(), 2):
-        assert va != vb, (a, b)
+        assert not np.allclose(va, vb, rtol=1e-6, atol=0), (a, b)
+    for mistake, fn in ((None, roof_ok), ("repeat", roof_repeat), ("no_mlp", roof_no_mlp), ("e2", roof_two_bytes),
+                        ("units", roof_gflop_per_gib), ("kv_flops", roof_kv_flops),
+                        ("cache_once", roof_one_cache), ("head_dim", roof_split_head_dim)):
+        assert np.allclose(vectors[mistake], [fn(*case) for case in nb08._ROOF_CASES], rtol=1e-12, atol=0), mistake
+
+
+def test_ceiling_prediction_hides_the_answer_when_wrong(capsys):
+    """A wrong prediction is told a direction or a named mistake, never the value; 8.1's wrong guesses
+    name only the wrong entries, never the measurement."""
+    for guess in (8.0, 11, 16, 1.1, 20, 295):
+        ex.check_ceiling_prediction(guess)
+        out = capsys.readouterr().out
+        assert "32.0" not in out and "31.9" not in out, out
+    ex.check_llama_step_prediction({**PREDICTED, "repeat": "decode"})
+    out = capsys.readouterr().out
+    assert "'repeat'" in out and "'positions'" not in out and "measured" not in out, out
 
 
 def test_llama_step_mistakes_are_told_apart_on_the_hidden_cases():
@@ -495,13 +503,14 @@ def test_reference_solutions_agree_with_independent_facts():
         mha = LlamaStyleAttention(24, num_heads=6).double().eval()
         empty = torch.zeros(2, 6, 0, 4, dtype=torch.float64)
         assert torch.allclose(step_as_given(mha, x, empty, empty)[0], mha(x))
-    # Llama-2-7B, 4096 tokens, float16: 2 GiB (512 KiB per token); Gemma-7B's config.json
-    # (28 layers, 16 heads of head_dim 256): 3.5 GiB at 8192 tokens
-    llama2 = {"num_hidden_layers": 32, "num_attention_heads": 32, "hidden_size": 4096}
-    assert bytes_ok(llama2, 4096) == 2 * 2**30 == kv_cache_bytes(32, 32, 128, T=4096)
-    gemma = {"num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 16,
-             "head_dim": 256, "hidden_size": 3072}
-    assert bytes_ok(gemma, 8192, dtype=torch.bfloat16) == 3.5 * 2**30
+    # Llama-2-7B (vocabulary 32000, MLP width 11008, no GQA), 4096 tokens, 16-bit: the notebook's ceiling 7.2;
+    # its cache is 2 GiB (kv_cache_bytes); Llama-3-8B's is a quarter of that per token, its ceiling about 32
+    llama2 = {"num_hidden_layers": 32, "num_attention_heads": 32, "hidden_size": 4096, "intermediate_size": 11008,
+              "vocab_size": 32000}
+    assert roof_parts(llama2, 4096, torch.float16)[2] == 2 * 2**30 == kv_cache_bytes(32, 32, 128, T=4096)
+    assert round(roof_ok(llama2, 4096, 10**9), 1) == 7.2
+    assert roof_parts(LLAMA_3_8B, 4096, torch.bfloat16)[2] * 4 == kv_cache_bytes(32, 32, 128, T=4096)
+    assert 31.9 < roof_ok(LLAMA_3_8B, 4096, 10**9) < 32.0
     # the ring buffer keeps the tokens shared.generation.KVCache(window, sinks) keeps
     ring, cache = RingOK(window=3, sinks=2), KVCache(window=3, sinks=2)
     for p in range(9):

@@ -24,7 +24,8 @@ from ._core import (
 __all__ = [
     "check_llama_step_prediction",
     "check_llama_step_fix",
-    "check_cache_bytes",
+    "check_ceiling_prediction",
+    "check_decode_flop_per_byte",
     "check_sink_ring_cache",
     "check_padding_prediction",
     "check_left_padding",
@@ -168,16 +169,17 @@ def check_llama_step_prediction(first_wrong):
         raise _Wrong(f"first_wrong must be a dict with the keys {list(keys)}; got {first_wrong!r}")
     if any(v is None for v in first_wrong.values()):
         raise _NotAttempted("write \"prefill\", \"decode\" or \"never\" for each bug in "
-                            "first_wrong; the measurement is shown once all three are filled in")
+                            "first_wrong; the checker measures it, and shows the measurement "
+                            "once all three are right")
     for key, guess in first_wrong.items():
         if guess not in _PREDICT_CHOICES:
             raise _Wrong(f"write \"prefill\", \"decode\" or \"never\" for {key!r}; got {guess!r}")
     measured = {key: _first_wrong_pass(bug, H_kv) for key, (bug, H_kv) in _PREDICT_TESTS.items()}
     shown = "; ".join(f"{key}: {measured[key]}" for key in keys)
     off = [key for key in keys if first_wrong[key] != measured[key]]
-    if off:
-        raise _Wrong(f"measured: {shown}. Your guess for {', '.join(map(repr, off))} "
-                     f"{'was' if len(off) == 1 else 'were'} off: "
+    if off:  # name only the wrong guesses and why, not the measured answers
+        verb = "is" if len(off) == 1 else "are"
+        raise _Wrong(f"your guess for {', '.join(map(repr, off))} {verb} off: "
                      + "; ".join(_PREDICT_HINTS[key] for key in off))
     return (f"measured: {shown}. A test of a cached step needs a pass after the prefill and "
             "1 < H_kv < H: the author's test (one pass, H_kv = H) had neither.")
@@ -249,141 +251,173 @@ def check_llama_step_fix(llama_step):
 
 
 # --------------------------------------------------------------------------------------------
-# 8.2 Cache size from a config.json
+# 8.2 The roofline of a grouped-query model, from its config.json
 # --------------------------------------------------------------------------------------------
 def _dtype_bytes(dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-_GEMMA_7B = {"num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 16,
-             "head_dim": 256, "hidden_size": 3072}
+# Meta-Llama-3-8B's config.json (the entries the exercise needs)
+_LLAMA_3_8B = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+               "hidden_size": 4096, "intermediate_size": 14336, "vocab_size": 128256}
+
+
+def _roof_numbers(config, T, batch_size, dtype) -> dict:
+    H, D = config["num_attention_heads"], config["hidden_size"]
+    return {"L": config["num_hidden_layers"], "H": H, "H_kv": config.get("num_key_value_heads", H),
+            "D": D, "d": config.get("head_dim", D // H), "F": config["intermediate_size"],
+            "V": config["vocab_size"], "T": T, "B": batch_size, "e": _dtype_bytes(dtype)}
+
+
+def _roofline(c: dict, mistake: str | None = None, ceiling: bool = False) -> float:
+    """FLOPs per byte read of one decode step (every sequence ``T`` tokens in, a kernel that reads
+    each cached key/value head once), or with ``ceiling`` its limit for a large batch, as the
+    given ``mistake`` would compute it."""
+    d = c["D"] // c["H"] if mistake == "head_dim" else c["d"]
+    attention_weights = 2 * c["D"] * c["H"] * d + 2 * c["D"] * c["H_kv"] * d  # q, o; k, v
+    mlp = 0 if mistake == "no_mlp" else 3 * c["D"] * c["F"]
+    output_layer = 0 if mistake == "no_output" else c["V"] * c["D"]
+    params = (c["L"] * (attention_weights + mlp) + output_layer
+              + (c["V"] * c["D"] if mistake == "embedding" else 0))
+    heads = c["H_kv"] if mistake == "kv_flops" else c["H"]
+    attention_flops = 0 if mistake == "no_attn_flops" else 4 * c["L"] * heads * d * c["T"]
+    e = 2 if mistake == "e2" else c["e"]
+    reads = c["H"] // c["H_kv"] if mistake == "repeat" else 1
+    cache = 2 * c["L"] * c["H_kv"] * c["T"] * d * e * reads  # one sequence's cache, as read
+    per_seq_flops = (1 if mistake == "one_flop" else 2) * params + attention_flops
+    if ceiling:
+        return per_seq_flops / cache
+    B = c["B"]
+    weight_bytes = e * params * (B if mistake == "weights_per_seq" else 1)
+    ratio = B * per_seq_flops / (weight_bytes + cache * (1 if mistake == "cache_once" else B))
+    as_computed = {"units": ratio * 2**30 / 1e9, "gib": ratio * 2**30, "inverted": 1 / ratio}
+    return as_computed.get(mistake, ratio)
+
+
+_ROOF_HINTS = {
+    "repeat": "your cache bytes are g = H / H_kv times too many: the kernel here reads each cached "
+              "key/value head once for its whole group (H_kv heads, not H)",
+    "no_mlp": "the MLP's three matrices (hidden_size x intermediate_size each) are matrix products "
+              "too: count their weights",
+    "no_output": "the output layer (vocab_size x hidden_size) is a matrix product every step: "
+                 "count its weights",
+    "embedding": "the embedding table is not a matrix product: a step reads one row of it per "
+                 "sequence; leave it out, as section 3 does",
+    "one_flop": "a multiply-add is 2 FLOPs: count 2 per weight and sequence",
+    "kv_flops": "every query head does its own dot products with the T cached keys and its own "
+                "weighted sum of values: the attention FLOPs count H query heads, not H_kv",
+    "no_attn_flops": "you left out attention's own FLOPs: 4 * head_dim * T per query head and "
+                     "layer (q . k for every key, then the weights times V)",
+    "e2": "the bytes per element depend on dtype (torch.empty((), dtype=dtype).element_size()): "
+          "do not assume 2",
+    "units": "FLOPs and bytes in mixed units: a GFLOP is 1e9 FLOPs but a GiB is 2**30 bytes; "
+             "divide the FLOPs by the bytes as they are",
+    "gib": "divide by bytes, not GiB",
+    "inverted": "you returned bytes per FLOP: divide the FLOPs by the bytes",
+    "weights_per_seq": "the weights are read once per step for the whole batch, not once per "
+                       "sequence: only the caches' bytes grow with batch_size",
+    "cache_once": "each sequence reads its own cache: the cache's bytes grow with batch_size",
+    "head_dim": "when a config gives head_dim, it wins over hidden_size // num_attention_heads",
+}
+
+# The hidden cases of the function: (config, T, batch_size, dtype). batch_size != g = H / H_kv
+# in each, else the weights and the cache give the same FLOPs per byte and many mistakes cancel.
+_ROOF_CASES = (
+    (_LLAMA_3_8B, 4096, 8, torch.bfloat16),
+    ({"num_hidden_layers": 3, "num_attention_heads": 6, "num_key_value_heads": 2, "hidden_size": 48,
+      "head_dim": 10, "intermediate_size": 100, "vocab_size": 70}, 12, 5, torch.float32),
+    ({"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 32, "intermediate_size": 64,
+      "vocab_size": 50}, 9, 2, torch.float64),
+    ({"num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 1, "hidden_size": 64,
+      "intermediate_size": 160, "vocab_size": 90}, 30, 16, torch.float16),
+)
+
+
+def _llama3_ceiling(mistake: str | None = None) -> float:
+    return _roofline(_roof_numbers(_LLAMA_3_8B, 4096, 1, torch.bfloat16), mistake, ceiling=True)
 
 
 @_checker
-def check_cache_bytes(cache_bytes, gemma_7b_gib=None):
-    """``cache_bytes(config, T, batch_size=1, dtype=torch.float16)`` -> bytes of keys and values:
-    ``2 * num_hidden_layers * batch_size * num_key_value_heads * T * head_dim * element size``
-    with ``head_dim`` from the config when it has one, else ``hidden_size //
-    num_attention_heads``; a config without ``num_key_value_heads`` has one key/value head per
-    query head. ``gemma_7b_gib``: the learner's prediction, made before running the function, of
-    Gemma-7B's cache for one sequence of 8192 tokens in bfloat16, in GiB (within 2%; a prediction
-    that makes a known mistake is told which)."""
-    if gemma_7b_gib is None:
-        raise _NotAttempted("gemma_7b_gib is still None: write down your prediction for Gemma-7B "
-                            "first, then your function")
-    if isinstance(gemma_7b_gib, bool) or not isinstance(
-            gemma_7b_gib, (int, float, np.integer, np.floating)):
-        raise _Wrong(f"gemma_7b_gib should be a number of GiB; got {type(gemma_7b_gib).__name__}")
-    cases = (
-        ({"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-          "hidden_size": 4096}, 8192, 1, torch.bfloat16),
-        ({"num_hidden_layers": 3, "num_attention_heads": 6, "num_key_value_heads": 2,
-          "hidden_size": 48}, 10, 3, torch.float64),
-        ({"num_hidden_layers": 5, "num_attention_heads": 4, "num_key_value_heads": 1,
-          "hidden_size": 40}, 7, 2, torch.float32),
-        ({"num_hidden_layers": 32, "num_attention_heads": 32, "hidden_size": 4096},
-         4096, 1, torch.float16),
-        # Gemma-7B: 16 heads of an explicit head_dim 256, hidden size 3072 (3072 // 16 = 192)
-        ({"num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 16,
-          "head_dim": 256, "hidden_size": 3072}, 8192, 1, torch.bfloat16),
-        ({"num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2,
-          "head_dim": 6, "hidden_size": 40}, 5, 3, torch.float32),
+def check_ceiling_prediction(llama3_ceiling):
+    """``llama3_ceiling``: the learner's prediction, by hand and before any code, of the most
+    FLOPs per byte one Llama-3-8B decode step at T = 4096 (16-bit) reaches for any batch, with a
+    kernel that reads each cached key/value head once for its group (about 32; within 15%). A
+    prediction near a known mistake is told which; the value itself is shown only when right."""
+    if llama3_ceiling is None:
+        raise _NotAttempted("llama3_ceiling is still None: write down your prediction first")
+    number = (int, float, np.integer, np.floating)
+    if isinstance(llama3_ceiling, bool) or not isinstance(llama3_ceiling, number) \
+            or not np.isfinite(llama3_ceiling):
+        raise _Wrong(f"llama3_ceiling should be a number of FLOPs per byte; got {llama3_ceiling!r}")
+    p, right = float(llama3_ceiling), _llama3_ceiling()
+    if abs(p - right) <= 0.15 * right:
+        gqa_only = 4 * 7.2
+        return (f"the ceiling is {right:.1f} FLOP per byte (Llama-2-7B: 7.2). A quarter of the "
+                f"cache alone would give 4 x 7.2 = {gqa_only:.1f}; Llama-3-8B's larger MLP and "
+                "vocabulary add FLOPs per sequence. Now compute it.")
+    known = (  # (value, what it misses); all far outside the 15% band around the right value
+        (7.2, "that is Llama-2-7B's ceiling: what happens to the bytes of a sequence's cache when "
+              "32 query heads share 8 key/value heads?"),
+        (_llama3_ceiling("repeat"), "that is the ceiling of a kernel that reads every key/value "
+                                    "head g = 4 times (repeat_kv, or expand + reshape); here each "
+                                    "cached head is read once for its group"),
+        (_llama3_ceiling("no_mlp"), "did you leave out the MLP? Its three 4096 x 14336 matrices "
+                                    "are most of the weights, and each sequence does 2 FLOPs per "
+                                    "weight"),
+        (_llama3_ceiling("e2") / 2, "a 16-bit number is 2 bytes, not 4"),
+        (_llama3_ceiling("e2") * 2, "a 16-bit number is 2 bytes, not 1"),
+        (_roofline(_roof_numbers(_LLAMA_3_8B, 4096, 1, torch.bfloat16)),
+         "that is batch 1, where the weights' bytes dominate; the ceiling is the large-batch "
+         "limit, where all sequences share one read of the weights and each reads its own cache"),
     )
-    # Typical mistakes, as formulas of one case's numbers (a dict: L, B, H, H_kv, T, d, e, hidden;
-    # d is the right head_dim). A hint is given only when the formula matches the answers of every
-    # case; on these cases no two formulas agree everywhere (tests/test_exercises_08.py checks it).
-    mistakes = (
-        ("keys AND values are cached: multiply by 2",
-         lambda c: c["L"] * c["B"] * c["H_kv"] * c["T"] * c["d"] * c["e"]),
-        ("you returned the number of elements: multiply by the bytes per element "
-         "(torch.empty((), dtype=dtype).element_size())",
-         lambda c: 2 * c["L"] * c["B"] * c["H_kv"] * c["T"] * c["d"]),
-        ("the bytes per element depend on dtype (8 for float64, 4 for float32, 2 for "
-         "float16/bfloat16): do not assume 2",
-         lambda c: 2 * c["L"] * c["B"] * c["H_kv"] * c["T"] * c["d"] * 2),
-        ("the bytes per element depend on dtype (8 for float64, 4 for float32, 2 for "
-         "float16/bfloat16): do not assume 4",
-         lambda c: 2 * c["L"] * c["B"] * c["H_kv"] * c["T"] * c["d"] * 4),
-        ("only the key/value heads are cached: use num_key_value_heads, not "
-         "num_attention_heads (that is the point of grouped-query attention)",
-         lambda c: 2 * c["L"] * c["B"] * c["H"] * c["T"] * c["d"] * c["e"]),
-        ("the head dimension is hidden_size // num_attention_heads (the query heads split the "
-         "hidden size), not hidden_size // num_key_value_heads",
-         lambda c: 2 * c["L"] * c["B"] * c["H_kv"] * c["T"] * (c["hidden"] // c["H_kv"]) * c["e"]),
-        ("when a config gives head_dim, it wins: Gemma-7B has 16 heads of 256 dimensions, more "
-         "than hidden_size // num_attention_heads = 192",
-         lambda c: 2 * c["L"] * c["B"] * c["H_kv"] * c["T"] * (c["hidden"] // c["H"]) * c["e"]),
-        ("the head dimension is hidden_size // num_attention_heads (or the config's head_dim), "
-         "not hidden_size",
-         lambda c: 2 * c["L"] * c["B"] * c["H_kv"] * c["T"] * c["hidden"] * c["e"]),
-        ("every sequence in the batch has its own cache: multiply by batch_size",
-         lambda c: 2 * c["L"] * c["H_kv"] * c["T"] * c["d"] * c["e"]),
-        ("every layer has its own cache: multiply by num_hidden_layers",
-         lambda c: 2 * c["B"] * c["H_kv"] * c["T"] * c["d"] * c["e"]),
-        ("you counted bits: one byte is 8 bits",
-         lambda c: 2 * c["L"] * c["B"] * c["H_kv"] * c["T"] * c["d"] * c["e"] * 8),
-        ("return bytes, not GiB: do not divide by 2**30",
-         lambda c: 2 * c["L"] * c["B"] * c["H_kv"] * c["T"] * c["d"] * c["e"] / 2**30),
-        ("return bytes, not GB: do not divide by 1e9",
-         lambda c: 2 * c["L"] * c["B"] * c["H_kv"] * c["T"] * c["d"] * c["e"] / 1e9),
-    )
+    for value, why in known:
+        if abs(p - value) <= 0.08 * value:
+            raise _Wrong(f"your prediction {p:.3g} is off: {why}")
+    raise _Wrong(f"your prediction {p:.3g} is too {'high' if p > right else 'low'}: at the ceiling "
+                 "only what one sequence does counts, its FLOPs per step (2 per weight, plus "
+                 "attention) over the bytes of its own cache")
+
+
+@_checker
+def check_decode_flop_per_byte(decode_flop_per_byte):
+    """``decode_flop_per_byte(config, T, batch_size, dtype=torch.bfloat16)`` -> FLOPs per byte read
+    by one decode step of ``batch_size`` sequences, each ``T`` tokens in, for a Llama-style
+    ``config`` dict (``num_hidden_layers``, ``num_attention_heads``, ``hidden_size``,
+    ``intermediate_size``, ``vocab_size``; optional ``num_key_value_heads``, default one per query
+    head, and ``head_dim``, default ``hidden_size // num_attention_heads``). FLOPs: 2 per weight of
+    q, k, v, o, the MLP's 3 matrices and the output layer, per sequence, plus ``4 * L * H *
+    head_dim * T`` per sequence. Bytes: the weights once, plus each sequence's cache (H_kv heads
+    read once), all in ``dtype``."""
     answers, numbers = [], []
-    for config, T, batch_size, dtype in cases:
-        missing = "num_key_value_heads" not in config
-        on_error = ("a config without num_key_value_heads has one key/value head per query head: "
-                    "config.get('num_key_value_heads', config['num_attention_heads'])"
-                    if missing else "")
-        ans = _call(cache_bytes, dict(config), T, batch_size=batch_size, dtype=dtype,
-                    name="cache_bytes", on_error=on_error)
+    for config, T, batch_size, dtype in _ROOF_CASES:
+        on_error = ("a config without num_key_value_heads has one key/value head per query "
+                    "head, and one without head_dim has hidden_size // num_attention_heads: "
+                    "use config.get"
+                    if "num_key_value_heads" not in config else "")
+        ans = _call(decode_flop_per_byte, dict(config), T, batch_size, dtype=dtype,
+                    name="decode_flop_per_byte", on_error=on_error)
         try:
             answers.append(float(ans))
         except (TypeError, ValueError):
-            raise _Wrong(f"return a number of bytes; got {type(ans).__name__}") from None
-        numbers.append(_cache_numbers(config, T, batch_size, dtype))
-    refs = [_cache_formula(c) for c in numbers]
-    if answers == refs:
-        gemma = _cache_formula(_cache_numbers(_GEMMA_7B, 8192, 1, torch.bfloat16)) / 2**30
-        split = 2 * 28 * 16 * 8192 * (3072 // 16) * 2 / 2**30  # head_dim from the hidden size
-        if abs(gemma_7b_gib - gemma) <= 0.02 * gemma:
-            return ("Llama-3-8B at 8192 tokens: 1 GiB per sequence, 4 GiB without its "
-                    f"grouped-query heads. Gemma-7B: {gemma:g} GiB, as you predicted.")
-        p = float(gemma_7b_gib)
-        told = f"your function is right, but your prediction of {p:.4g} GiB for Gemma-7B is not: "
-        wrong_predictions = (  # (value, what it misses); about 1.1x apart at least
-            (split, "it uses 3072 / 16 = 192 dimensions per head; the config's head_dim wins "
-                    "(its q_proj maps 3072 features to 16 x 256)"),
-            (gemma / 2, "off by 2x: did you count keys AND values?"),
-            (gemma * 2, "off by 2x: a bfloat16 number takes 2 bytes"),
-            (gemma * 4, "off by 4x: a bfloat16 number takes 2 bytes, and a byte is not a bit "
-                        "count (or did you count keys and values twice?)"),
-            (gemma * 2**30 / 1e9, "that is GB (10^9 bytes); a GiB is 2^30 bytes"),
-            (gemma / 28, "that is one layer's cache; every one of the 28 layers has its own"),
-        )
-        for value, why in wrong_predictions:
-            if abs(p - value) <= 0.02 * value:
-                raise _Wrong(told + why)
-        raise _Wrong(told + f"your function's answer is {gemma / p:.3g} times it; find the factor "
-                     "your prediction left out")
-    for hint, formula in mistakes:
-        if all(np.isclose(got, formula(c), rtol=1e-9, atol=0)
-               for got, c in zip(answers, numbers, strict=True)):
+            raise _Wrong(f"return a number (FLOPs per byte); got {type(ans).__name__}") from None
+        numbers.append(_roof_numbers(config, T, batch_size, dtype))
+    refs = [_roofline(c) for c in numbers]
+    if all(np.isclose(a, r, rtol=1e-6, atol=0) for a, r in zip(answers, refs, strict=True)):
+        c = _roof_numbers(_LLAMA_3_8B, 4096, 1, torch.bfloat16)
+        at_1024, repeat = _roofline({**c, "B": 1024}), _llama3_ceiling("repeat")
+        return (f"Llama-3-8B at T = 4096: {_roofline(c):.1f} FLOP per byte at batch 1, "
+                f"{at_1024:.1f} at batch 1024, ceiling {_llama3_ceiling():.1f}; with repeated "
+                f"key/value heads the ceiling would be {repeat:.1f}.")
+    for mistake, hint in _ROOF_HINTS.items():
+        if all(np.isclose(a, _roofline(c, mistake), rtol=1e-6, atol=0)
+               for a, c in zip(answers, numbers, strict=True)):
             raise _Wrong(hint)
-    k = next(i for i, (got, ref) in enumerate(zip(answers, refs, strict=True)) if got != ref)
-    config, T, batch_size, dtype = cases[k]
-    raise _Wrong(f"for {config}, T = {T}, batch_size = {batch_size}, {dtype} expected "
-                 f"{refs[k]:,} bytes; got {answers[k]:,.0f}")
-
-
-def _cache_numbers(config, T, batch_size, dtype) -> dict:
-    H = config["num_attention_heads"]
-    return {"L": config["num_hidden_layers"], "B": batch_size, "H": H,
-            "H_kv": config.get("num_key_value_heads", H), "T": T,
-            "d": config.get("head_dim", config["hidden_size"] // H), "e": _dtype_bytes(dtype),
-            "hidden": config["hidden_size"]}
-
-
-def _cache_formula(c: dict) -> int:
-    return 2 * c["L"] * c["B"] * c["H_kv"] * c["T"] * c["d"] * c["e"]
+    k = next(i for i, (a, r) in enumerate(zip(answers, refs, strict=True))
+             if not np.isclose(a, r, rtol=1e-6, atol=0))
+    config, T, batch_size, dtype = _ROOF_CASES[k]
+    raise _Wrong(f"for {config}, T = {T}, batch_size = {batch_size}, {dtype}: expected "
+                 f"{refs[k]:.6g} FLOPs per byte, got {answers[k]:.6g}; count the FLOPs and the "
+                 "bytes separately and compare each with the rules above")
 
 
 # --------------------------------------------------------------------------------------------
@@ -433,10 +467,10 @@ def check_sink_ring_cache(SinkRingCache):
             cands = [
                 (f"the first {sinks} tokens are sinks: they are never evicted, the ring turns only "
                  "over the window slots", _sink_band(T, window, 0)),
-                (f"the first {sinks} tokens are sinks: they are never evicted; your ring turns "
-                 "over "
-                 "all sinks + window slots, so the sinks get overwritten. Token p >= sinks goes to "
-                 "slot sinks + (p - sinks) % window", _sink_band(T, window + sinks, 0)),
+                (f"the first {sinks} tokens are sinks: they are never evicted, yet your ring "
+                 "turns over all sinks + window slots and overwrites them. Which slots must a new "
+                 "token never touch, and which of the others holds the oldest recent token?",
+                 _sink_band(T, window + sinks, 0)),
                 ("each query should see the last window tokens, itself included, plus the sinks: "
                  "you keep one recent token too few", _sink_band(T, window - 1, sinks)),
                 ("each query should see the last window tokens, itself included, plus the sinks: "

@@ -32,8 +32,9 @@ The exercises, by notebook (the checker names say what they check):
   ``check_fixed_period_shortcut``.
 * 07: ``check_ntk_prediction``, ``check_ntk_base``, ``check_rope_bug_prediction``,
   ``check_rope_fix``, ``check_to_half_split``, ``check_alibi_mass_beyond``.
-* 08: ``check_llama_step_prediction``, ``check_llama_step_fix``, ``check_cache_bytes``,
-  ``check_sink_ring_cache``, ``check_padding_prediction``, ``check_left_padding``.
+* 08: ``check_llama_step_prediction``, ``check_llama_step_fix``, ``check_ceiling_prediction``,
+  ``check_decode_flop_per_byte``, ``check_sink_ring_cache``, ``check_padding_prediction``,
+  ``check_left_padding``.
 * 09: ``check_replace_prediction``, ``check_weight_name``, ``check_punctuation_score``,
   ``check_punctuation_guess``, ``check_silenced_heads``, ``check_silencing_prediction``.
 * 10: ``check_temperature_grad``, ``check_bias_grads``, ``check_fixed_backward``,

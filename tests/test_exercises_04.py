@@ -450,6 +450,8 @@ CASES = [
     (ex.check_padding_changes, (pad_wrong_shape,), False, "expected (B, T) = (3, 6)"),
     (ex.check_padding_changes, (pad_counts,), False, "return True/False"),
     (ex.check_attention_parameters, (params_ok,), True, "2,362,368"),
+    # the second count comes with its config, which the learner never saw: 512^2 + 2 * 512 * 128 + 512^2
+    (ex.check_attention_parameters, (params_ok,), True, "d = 512, H = 8, H_kv = 2, head_dim = 64 and no biases: 655,360"),
     (ex.check_attention_parameters, (params_float,), True, OK),
     (ex.check_attention_parameters, (stub,), None, NA),
     (ex.check_attention_parameters, (params_text,), False, "not a string"),

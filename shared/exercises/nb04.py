@@ -499,8 +499,11 @@ def check_attention_parameters(attention_parameters):
         answers.append(_whole_number(ans, "the number of parameters"))
     refs = [attention_parameter_count(cfg) for cfg in _CONFIG_CASES]
     if answers == refs:
-        return (f"GPT-2 small: {refs[0]:,} parameters per attention layer; the grouped-query "
-                f"config: {refs[1]:,}.")
+        d, H, H_kv = (_CONFIG_CASES[1][k] for k in ("hidden_size", "num_attention_heads",
+                                                    "num_key_value_heads"))
+        return (f"GPT-2 small: {refs[0]:,} parameters per attention layer; grouped-query attention "
+                f"with d = {d}, H = {H}, H_kv = {H_kv}, head_dim = {d // H} and no biases: "
+                f"{refs[1]:,}.")
     if len(set(answers)) == 1:
         raise _Wrong(f"you returned {answers[0]:,} for every config: compute the count from the "
                      "config's numbers")

@@ -93,6 +93,18 @@ _X_ABC = np.array([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]])  # a, b, c
 _PREDICT_TOL = 5e-4
 
 
+# How often each staged hint has been given in this kernel: the first miss names the step that
+# went wrong, a later miss shows more (the scores in 1.1, the measurement in 1.3).
+_MISSES: dict[str, int] = {}
+
+
+def _miss(kind: str) -> int:
+    """Count one more miss of ``kind`` and return how many came before it."""
+    before = _MISSES.get(kind, 0)
+    _MISSES[kind] = before + 1
+    return before
+
+
 def _near(got: np.ndarray, value, tol: float = _PREDICT_TOL) -> bool:
     value = np.asarray(value, dtype=np.float64)
     return got.shape == value.shape and bool(np.all(np.abs(got - value) <= tol))
@@ -134,6 +146,9 @@ def check_predicted_row(weights, context=None):
             raise _Wrong(f"your weights sum to {got.sum():.4f}; softmax weights sum to 1")
         if _near(np.sort(got), np.sort(ref)):
             raise _Wrong("right numbers in the wrong order: list the weights in key order a, b, c")
+        if _miss("1.1 weights") == 0:
+            raise _Wrong("not the weights of query c: start again from its three scores (the dot "
+                         "products of c with a, b and c), then take the softmax of those")
         raise _Wrong("not the weights of query c: its scores are c·a = 1, c·b = 2, c·c = 2, and "
                      "each weight is e^score divided by the sum of the three e^score")
     if context is None:
@@ -326,8 +341,8 @@ def check_cosine_attention(cosine_attention_weights, predicted_sharper_rows=None
     unchanged (the learner's function gets the checker's array itself, so ``X /= ...`` shows).
     Then ``predicted_sharper_rows``: the tokens of notebook 01 whose row gets sharper (a larger
     ratio of largest to smallest weight) with cosines than with dot products, made before
-    measuring (a set of names or 0-based indices). A wrong prediction learns how many of the six
-    rows it got right, never which (the learner measures them)."""
+    measuring (a set of names or 0-based indices). A first wrong prediction learns how many of
+    the six rows it got right and what to compare; a later one is shown the measurement."""
     rng = _rng(103)
     lengths = np.array([[1.0], [100.0], [0.01], [7.0], [0.3]])
     cases = [rng.uniform(0.05, 1, (6, 3)), rng.normal(size=(4, 5)),
@@ -387,9 +402,14 @@ def check_cosine_attention(cosine_attention_weights, predicted_sharper_rows=None
         measured = (f"measured largest / smallest weight per row, dot -> cosine: {spans}; "
                     f"so {_names(truth)} {'gets' if len(truth) == 1 else 'get'} sharper")
         if guess == new_winner:
-            raise _Wrong(f"{measured}. You listed the rows whose top key changes (to the query "
-                         "itself): sharpness is not about which key wins but about the gap "
-                         "between the largest and the smallest score of the row")
+            raise _Wrong("you listed the rows whose top key changes (to the query itself): "
+                         "sharpness is not about which key wins but about the gap between the "
+                         "largest and the smallest score of the row")
+        if _miss("1.3 prediction") == 0:
+            raise _Wrong(f"{right} of the 6 rows right. A row's largest / smallest weight is "
+                         "e^(largest score - smallest score): what happens to that gap when "
+                         "every score of the row is divided by both lengths? Think it through "
+                         "once more; the next run of this cell shows the measurement")
         raise _Wrong(f"{measured}. Your prediction had {right} of the 6 rows right. Before you "
                      "retype it, explain each row: what happens to the largest and to the "
                      "smallest score of a row when every score is divided by both lengths?")

@@ -585,7 +585,7 @@ def _padded_causal(real: np.ndarray) -> np.ndarray:
 
 
 def _row_pairs(rows, what: str) -> set[tuple[int, int]]:
-    """The learner's (sequence, query) pairs as a set of int tuples,, else a hint."""
+    """The learner's (sequence, query) pairs as a set of int tuples, else a hint."""
     if isinstance(rows, (str, bytes)) or callable(rows):
         raise _Wrong(f"{what} should be a list of (sequence, query) pairs such as [(1, 0)]; got "
                      f"{type(rows).__name__}")

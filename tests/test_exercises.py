@@ -629,6 +629,31 @@ def causal_in_place(Q, K, V):
     return np_softmax(np.where(np.tril(np.ones((T, T), dtype=bool)), Q @ K.T, -np.inf)) @ V
 
 
+# 3.4: a loop-based mask, written independently of the checker's vectorised reference
+PAD_ROWS_03 = [(0, 0), (0, 1)]  # sequence 0 is left-padded by 2: its first two queries see only padding
+PAD_RETURNS_03 = {"-inf": "nan", "-1e9": "uniform", "sdpa": "zeros"}
+
+
+def padded_mask_ok(key_is_real):
+    B, T = key_is_real.shape
+    out = torch.zeros(B, T, T, dtype=torch.bool)
+    for b in range(B):
+        for i in range(T):
+            for j in range(i + 1):
+                out[b, i, j] = bool(key_is_real[b, j])
+    return out
+
+
+def padded_mask_queries(key_is_real):  # hides the padding queries (rows), not the padding keys
+    T = key_is_real.shape[1]
+    return torch.ones(T, T, dtype=torch.bool).tril() & key_is_real[:, :, None]
+
+
+def padded_mask_no_causal(key_is_real):
+    T = key_is_real.shape[1]
+    return key_is_real[:, None, :].expand(-1, T, -1).clone()
+
+
 # ---------------------------------------------------------------------------------------------
 # The table: checker, answer(s), expected return, a phrase the printed line must contain
 # ---------------------------------------------------------------------------------------------
@@ -817,6 +842,12 @@ CASES = [
     (C.check_causal_bug_fix, (MOVED_03, causal_unscaled), False, "forgot the scaling"),
     (C.check_causal_bug_fix, (MOVED_03, causal_rows_reversed), False, "wrong order"),
     (C.check_causal_bug_fix, (MOVED_03, causal_in_place), False, "in place"),
+    (C.check_padded_causal_mask, (PAD_ROWS_03, PAD_RETURNS_03, padded_mask_ok), True, OK),
+    (C.check_padded_causal_mask, (None, None, stub1), None, NA),
+    (C.check_padded_causal_mask, (PAD_ROWS_03, PAD_RETURNS_03, stub1), None, "still returns None"),
+    (C.check_padded_causal_mask, ([(1, 3), (1, 4)], PAD_RETURNS_03, padded_mask_ok), False, "wrong side"),
+    (C.check_padded_causal_mask, (PAD_ROWS_03, PAD_RETURNS_03, padded_mask_queries), False, "wrong axis"),
+    (C.check_padded_causal_mask, (PAD_ROWS_03, PAD_RETURNS_03, padded_mask_no_causal), False, "forgot the causal part"),
 ]
 
 

@@ -519,3 +519,75 @@ def test_an_exception_names_the_input_that_caused_it(capsys):
 
     ex.check_causal_bug_fix(MOVED, causal_needs_square)
     assert "on Q, K of shape (5, 4) and V of shape (5, 3)" in capsys.readouterr().out
+
+
+# 3.4 ------------------------------------------------------------------------------------------
+PAD_ROWS = [(0, 0), (0, 1)]  # sequence 0 of the shown batch is left-padded by 2
+PAD_RETURNS = {"-inf": "nan", "-1e9": "uniform", "sdpa": "zeros"}
+
+
+def padded_ok(key_is_real):  # a loop, independent of the checker's broadcast reference
+    B, T = key_is_real.shape
+    out = torch.zeros(B, T, T, dtype=torch.bool)
+    for b in range(B):
+        for i in range(T):
+            for j in range(i + 1):
+                out[b, i, j] = bool(key_is_real[b, j])
+    return out
+
+
+def _tri(key_is_real):
+    T = key_is_real.shape[1]
+    return torch.ones(T, T, dtype=torch.bool).tril()
+
+
+@pytest.mark.parametrize("answer, phrase", [
+    (lambda r: padded_ok(r).numpy(), "correct!"),
+    (lambda r: padded_ok(r).int(), "boolean mask"),
+    (lambda r: ~padded_ok(r), "marks the forbidden pairs"),
+    (lambda r: _tri(r) & ~r[:, None, :], "inverted padding"),
+    (lambda r: _tri(r).expand(r.shape[0], -1, -1), "padding is ignored"),
+    (lambda r: _tri(r) & r[:, :, None] & r[:, None, :], "padding queries as well"),
+    (lambda r: _tri(r) | r[:, None, :], "combined with `or`"),
+    (lambda r: _tri(r).T & r[:, None, :], "triangle is the future"),
+    (lambda r: _tri(r), "one (T, T) mask per sequence"),
+])
+def test_padded_mask_hints(capsys, answer, phrase):
+    ex.check_padded_causal_mask(PAD_ROWS, PAD_RETURNS, answer)
+    out = capsys.readouterr().out
+    assert phrase in out, out
+
+
+@pytest.mark.parametrize("rows, returns, phrase", [
+    ([(0, 0), (0, 1), (1, 3), (1, 4)], PAD_RETURNS, "padding position"),
+    ([], PAD_RETURNS, "no row is empty"),
+    ([(0, 0)], PAD_RETURNS, "off by one"),
+    ([(0, 0), (0, 1), (0, 2)], PAD_RETURNS, "off by one"),
+    ([(1, 0)], PAD_RETURNS, "keep the query only if"),
+    ("0, 1", PAD_RETURNS, "pairs"),
+    (PAD_ROWS, None, "now predict fully_masked_returns"),
+    (PAD_ROWS, {"-inf": "zeros", "-1e9": "uniform", "sdpa": "zeros"}, "quotient"),
+    (PAD_ROWS, {"-inf": "nan", "-1e9": "zeros", "sdpa": "zeros"}, "equal scores"),
+    (PAD_ROWS, {"-inf": "nan", "-1e9": "uniform", "sdpa": "maybe"}, "should be one of"),
+    (PAD_ROWS, {"-inf": "nan"}, "a dict with the keys"),
+])
+def test_padding_prediction_is_graded_before_the_function(capsys, rows, returns, phrase):
+    """A wrong prediction is reported even with a correct function, and no hint lists the rows."""
+    ex.check_padded_causal_mask(rows, returns, padded_ok)
+    out = capsys.readouterr().out
+    assert phrase in out, out
+    assert "(0, 0), (0, 1)]" not in out.split(":", 2)[-1] or rows == PAD_ROWS, out
+
+
+def test_padding_prediction_matches_pytorch():
+    """The graded prediction, measured independently: which rows SDPA, -inf and -1e9 treat how."""
+    real = torch.tensor(nb03._PAD_REAL)
+    mask = padded_ok(real)
+    empty = {(b, i) for b in range(2) for i in range(5) if not mask[b, i].any()}
+    assert empty == set(PAD_ROWS)
+    s = torch.randn(2, 5, 5, generator=torch.Generator().manual_seed(0))
+    v = torch.randn(2, 5, 3, generator=torch.Generator().manual_seed(1))
+    assert torch.softmax(s.masked_fill(~mask, float("-inf")), -1)[0, :2].isnan().all()
+    assert torch.allclose(torch.softmax(s.masked_fill(~mask, -1e9), -1)[0, :2], torch.full((2, 5), 0.2))
+    q = torch.randn(2, 5, 3, generator=torch.Generator().manual_seed(2))
+    assert (torch.nn.functional.scaled_dot_product_attention(q, q, v, attn_mask=mask)[0, :2] == 0).all()

@@ -34,6 +34,7 @@ __all__ = [
     "check_stacked_reach",
     "check_expected_empty_rows",
     "check_causal_bug_fix",
+    "check_padded_causal_mask",
 ]
 
 
@@ -566,3 +567,160 @@ def check_causal_bug_fix(moved_outputs, causal_attention=None):
         raise _Wrong(f"the output differs from causal attention by up to {_maxdiff(got, ref)}")
     return ("no token sees the future any more: each query's weights are normalised over its "
             "own keys (axis=-1), so no later query enters its denominator.")
+
+
+# --------------------------------------------------------------------------------------------
+# 3.4 A padded batch: the causal mask meets a key-padding mask
+# --------------------------------------------------------------------------------------------
+# The batch of the prediction: sequence 0 is left-padded by 2, sequence 1 right-padded by 2.
+_PAD_REAL = np.array([[False, False, True, True, True], [True, True, True, False, False]])
+_RETURN_KEYS = ("-inf", "-1e9", "sdpa")
+_RETURN_VALUES = ("nan", "uniform", "zeros")
+
+
+def _padded_causal(real: np.ndarray) -> np.ndarray:
+    """(B, T) True = real token -> (B, T, T): query i may see key j iff j <= i and j is real."""
+    T = real.shape[1]
+    return np.tril(np.ones((T, T), dtype=bool))[None] & real[:, None, :]
+
+
+def _row_pairs(rows, what: str) -> set[tuple[int, int]]:
+    """The learner's (sequence, query) pairs as a set of int tuples, else a hint."""
+    if isinstance(rows, (str, bytes)) or callable(rows):
+        raise _Wrong(f"{what} should be a list of (sequence, query) pairs such as [(1, 0)]; got "
+                     f"{type(rows).__name__}")
+    out = set()
+    for item in rows:
+        pair = tuple(item) if isinstance(item, (tuple, list, np.ndarray)) else None
+        if pair is None or len(pair) != 2 or not all(
+                isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in pair):
+            raise _Wrong(f"{what} should hold (sequence, query) pairs of 0-based whole numbers, "
+                         f"such as (1, 0); got {item!r}")
+        out.add((int(pair[0]), int(pair[1])))
+    return out
+
+
+def _check_padding_prediction(fully_masked_rows, fully_masked_returns) -> None:
+    if fully_masked_rows is None:
+        raise _NotAttempted("fully_masked_rows is still None: first predict which queries of "
+                            "the padded batch may attend to no key at all")
+    got = _row_pairs(fully_masked_rows, "fully_masked_rows")
+    want = {(0, 0), (0, 1)}
+    if got != want:
+        pads = {(b, i) for b, i in zip(*np.nonzero(~_PAD_REAL), strict=True)}
+        for hint, value in (
+            ("every query listed is a padding position, but a query is fully masked only when "
+             "none of the keys it may see is real: look again at what the causal window of a "
+             "padding query AFTER the real tokens contains", pads),
+            ("padding on the wrong side: the padding that empties a causal window is the "
+             "padding a query has BEHIND it (the keys j <= i), not ahead of it",
+             {(1, 3), (1, 4)}),
+            ("no row is empty? The causal window of query i holds keys 0 .. i only; in a "
+             "left-padded sequence, what are the first of those keys?", set()),
+            ("off by one: query i sees keys 0 .. i, itself included; count the padding keys in "
+             "each early window again", {(0, 0)}),
+            ("off by one: query i sees keys 0 .. i, itself included; count the padding keys in "
+             "each early window again", {(0, 0), (0, 1), (0, 2)}),
+        ):
+            if got == value:
+                raise _Wrong(f"fully_masked_rows = {sorted(got)}: {hint}")
+        raise _Wrong(f"fully_masked_rows = {sorted(got)}: for each query (b, i), list the keys "
+                     "the causal mask lets it see, and keep the query only if none of them is a "
+                     "real token")
+    if fully_masked_returns is None or (isinstance(fully_masked_returns, dict) and all(
+            v is None for v in fully_masked_returns.values())):
+        raise _NotAttempted("fully_masked_rows is right; now predict fully_masked_returns: what "
+                            "each way of masking gives on such a row")
+    if not isinstance(fully_masked_returns, dict) or set(fully_masked_returns) != set(_RETURN_KEYS):
+        raise _Wrong(f"fully_masked_returns should be a dict with the keys {list(_RETURN_KEYS)}, "
+                     f"each one of {list(_RETURN_VALUES)}")
+    answers = {k: str(v).strip().lower() if v is not None else None
+               for k, v in fully_masked_returns.items()}
+    for key, want_value, hint in (
+        ("-inf", "nan", "with -inf, every exponential of the row is 0: what is the softmax's "
+         "quotient then?"),
+        ("-1e9", "uniform", "with -1e9, every score of the row is the same finite number: what "
+         "does a softmax make of equal scores?"),
+        ("sdpa", "zeros", "look back at section 4: what did F.scaled_dot_product_attention "
+         "return for the query that could see nothing?"),
+    ):
+        if answers[key] not in _RETURN_VALUES:
+            raise _Wrong(f"fully_masked_returns[{key!r}] should be one of "
+                         f"{list(_RETURN_VALUES)}; got {fully_masked_returns[key]!r}")
+        if answers[key] != want_value:
+            raise _Wrong(f"fully_masked_returns[{key!r}] = {answers[key]!r}: {hint}")
+
+
+_PAD_CASES = (  # (B, T, seed): random left, right or no padding per sequence
+    (3, 6, 340), (4, 5, 341), (2, 8, 342), (5, 4, 343),
+)
+
+
+def _pad_batch(B: int, T: int, seed: int) -> np.ndarray:
+    """(B, T) True = real: sequence b is left-padded, right-padded or unpadded, in turn."""
+    rng = np.random.default_rng(seed)
+    real = np.ones((B, T), dtype=bool)
+    for b in range(B):
+        n_pad = int(rng.integers(1, T - 1))
+        if b % 3 == 0:
+            real[b, :n_pad] = False
+        elif b % 3 == 1:
+            real[b, T - n_pad:] = False
+    return real
+
+
+@_checker
+def check_padded_causal_mask(fully_masked_rows, fully_masked_returns=None,
+                             padded_causal_mask=None):
+    """Exercise 3.4: ``fully_masked_rows``, the (sequence, query) pairs of the shown padded batch
+    that may attend to no key (predicted); ``fully_masked_returns``, a dict ``{"-inf", "-1e9",
+    "sdpa"}`` -> ``"nan"``, ``"uniform"`` or ``"zeros"``, what each gives on such a row
+    (predicted); ``padded_causal_mask(key_is_real)``: ``(B, T)`` bool (True = a real token) ->
+    ``(B, T, T)`` bool, True where query i may attend to key j: ``j <= i`` and key j real."""
+    _check_padding_prediction(fully_masked_rows, fully_masked_returns)
+    if padded_causal_mask is None:
+        raise _Wrong("both predictions are right; pass your function too: "
+                     "check_padded_causal_mask(fully_masked_rows, fully_masked_returns, "
+                     "padded_causal_mask)")
+    for B, T, seed in _PAD_CASES:
+        real = _pad_batch(B, T, seed)
+        got = _call(padded_causal_mask, torch.from_numpy(real.copy()), name="padded_causal_mask",
+                    on_error=f"on key_is_real of shape {(B, T)}")
+        if got is None:
+            raise _NotAttempted("padded_causal_mask still returns None: replace the TODO with "
+                                "your code and run the cell again")
+        dtype = got.dtype if isinstance(got, (torch.Tensor, np.ndarray)) else None
+        got = _arr(got, "the mask")
+        _shape(got, (B, T, T), f"for key_is_real of shape {(B, T)} the mask",
+               "(B, T, T): one (T, T) mask per sequence")
+        if dtype not in (torch.bool, np.bool_):
+            raise _Wrong(f"return a boolean mask (True = may attend); got dtype {dtype}")
+        want = _padded_causal(real)
+        if np.array_equal(got, want):
+            continue
+        causal = np.tril(np.ones((T, T), dtype=bool))[None]
+        for hint, value in (
+            ("True must mean 'may attend'; yours marks the forbidden pairs: flip it", ~want),
+            ("inverted padding: key_is_real is True for the REAL tokens; you kept the padding "
+             "keys and hid the real ones", causal & ~real[:, None, :]),
+            ("you forgot the causal part: every query sees every real key, the future included",
+             np.broadcast_to(real[:, None, :], (B, T, T))),
+            ("the padding is ignored: that is the plain causal mask; also hide the keys that "
+             "are padding", np.broadcast_to(causal, (B, T, T))),
+            ("padding on the wrong axis: you hid the padding QUERIES (rows); a real query must "
+             "not attend to padding KEYS (columns)", causal & real[:, :, None]),
+            ("you hid the padding queries as well as the padding keys: their outputs are "
+             "discarded anyway, and hiding them only adds fully masked rows (nan with -inf); "
+             "restrict the keys only", causal & real[:, :, None] & real[:, None, :]),
+            ("the two masks are combined with `or`: a key must be in the past AND real (&)",
+             causal | real[:, None, :]),
+            ("your triangle is the future: query i may see keys j <= i (tril), not j >= i",
+             causal.transpose(0, 2, 1) & real[:, None, :]),
+        ):
+            if np.array_equal(got, value):
+                raise _Wrong(f"for key_is_real of shape {(B, T)}: {hint}")
+        b, i, j = (int(v[0]) for v in np.nonzero(got != want))
+        raise _Wrong(f"for key_is_real of shape {(B, T)}, entry [{b}, {i}, {j}] is {got[b, i, j]}: "
+                     "query i may attend to key j exactly when j <= i and key j is real")
+    return ("left padding empties the causal windows of the first queries; right padding never "
+            "does: a padding query at the end still sees the real tokens before it.")

@@ -23,7 +23,7 @@ The exercises, by notebook (the checker names say what they check):
 * 02: ``check_attend_to_one``, ``check_score_scale``, ``check_init_variance``,
   ``check_shift_matrix``, ``check_recover_permutation``, ``check_attention_bug_fix``.
 * 03: ``check_sliding_window_attention``, ``check_window_pairs``, ``check_stacked_reach``,
-  ``check_expected_empty_rows``, ``check_causal_bug_fix``.
+  ``check_expected_empty_rows``, ``check_causal_bug_fix``, ``check_padded_causal_mask``.
 * 04: ``check_bug_prediction``, ``check_fixed_multi_head``, ``check_duplicate_token_head``,
   ``check_attention_parameters``, ``check_gqa_prediction``, ``check_padding_changes``.
 * 05: ``check_time_call``, ``check_merge_partials``, ``check_training_peak``,

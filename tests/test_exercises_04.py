@@ -396,15 +396,15 @@ CASES = [
     (ex.check_fixed_multi_head, (mh_sdpa_float32,), True, OK),
     (ex.check_fixed_multi_head, (stub,), None, NA),
     (ex.check_fixed_multi_head, (mh_buggy,), False, "3 of the 3 planted bugs are still there"),
-    (ex.check_fixed_multi_head, (mh_only_v_fixed,), False, "2 of the 3 planted bugs"),
-    (ex.check_fixed_multi_head, (mh_merge_left,), False, "1 of the 3 planted bugs is still there; the heads are merged"),
-    (ex.check_fixed_multi_head, (mh_scale_d_in,), False, "divided by sqrt(d_in)"),
-    (ex.check_fixed_multi_head, (mh_scale_d_v,), False, "divided by sqrt(d_v)"),
-    (ex.check_fixed_multi_head, (mh_scale_no_root,), False, "by d_k without the square root"),
-    (ex.check_fixed_multi_head, (mh_unscaled,), False, "not scaled at all"),
+    (ex.check_fixed_multi_head, (mh_only_v_fixed,), False, "2 of the 3 planted bugs are still there; look again at the scaling of the scores and at how the heads are joined again"),
+    (ex.check_fixed_multi_head, (mh_merge_left,), False, "1 of the 3 planted bugs is still there; look again at how the heads are joined again"),
+    (ex.check_fixed_multi_head, (mh_scale_d_in,), False, "look again at the scaling of the scores"),
+    (ex.check_fixed_multi_head, (mh_scale_d_v,), False, "look again at the scaling of the scores"),
+    (ex.check_fixed_multi_head, (mh_scale_no_root,), False, "look again at the scaling of the scores"),
+    (ex.check_fixed_multi_head, (mh_unscaled,), False, "look again at the scaling of the scores"),
     (ex.check_fixed_multi_head, (mh_inverted_mask,), False, "(~may_attend)"),
-    (ex.check_fixed_multi_head, (mh_no_mask,), False, "causal mask is gone"),
-    (ex.check_fixed_multi_head, (mh_softmax_dim,), False, "softmax over the wrong dim"),
+    (ex.check_fixed_multi_head, (mh_no_mask,), False, "look again at the mask"),
+    (ex.check_fixed_multi_head, (mh_softmax_dim,), False, "look again at the softmax"),
     (ex.check_fixed_multi_head, (mh_merge_view_error,), False, "on X (2, 5, 7), num_heads = 3"),
     (ex.check_fixed_multi_head, (mh_in_place,), False, "changed W_q in place"),
     (ex.check_fixed_multi_head, (mh_other,), False, "not in a way the checker recognises"),
@@ -594,3 +594,31 @@ def test_gqa_mistake_ratios_are_distinct():
     values = [v for _, v in nb04._gqa_ratio_mistakes(nb04.LLAMA3_8B)]
     assert min(abs(a - b) for i, a in enumerate(values + [RATIO]) for b in (values + [RATIO])[i + 1:]) > 0.05
     assert nb04.attention_parameter_count(nb04.LLAMA3_8B) == LLAMA_GQA
+
+
+GRADED_4_1 = [
+    (mh_merge_left, "1 of the 3 planted bugs is still there; look again at how the heads are joined again", "1 of the 3 planted bugs is still there; the heads are merged"),
+    (mh_scale_d_in, "look again at the scaling of the scores", "divided by sqrt(d_in)"),
+    (mh_scale_d_v, "look again at the scaling of the scores", "divided by sqrt(d_v)"),
+    (mh_scale_no_root, "look again at the scaling of the scores", "by d_k without the square root"),
+    (mh_unscaled, "look again at the scaling of the scores", "not scaled at all"),
+    (mh_no_mask, "look again at the mask", "causal mask is gone"),
+    (mh_softmax_dim, "look again at the softmax", "softmax over the wrong dim"),
+]
+
+
+@pytest.mark.parametrize("answer, first, second", GRADED_4_1, ids=lambda x: getattr(x, "__name__", None))
+def test_4_1_hints_name_the_step_first_and_the_fix_on_a_repeat(capsys, answer, first, second):
+    """Exercise 4.1 is finding the bugs: the first run only points at the wrong steps."""
+    ex.check_fixed_multi_head(answer)
+    out = capsys.readouterr().out
+    assert first in out and second not in out, out
+    ex.check_fixed_multi_head(answer)
+    out = capsys.readouterr().out
+    assert second in out, out
+
+
+def test_4_1_one_head_prediction_hint_names_no_mechanism(capsys):
+    ex.check_bug_prediction(FLIPPED_1)
+    out = capsys.readouterr().out
+    assert "view" not in out and "reshape" not in out and "H * d_k" not in out, out

@@ -170,13 +170,25 @@ def _multi_head_case(rng: np.random.Generator, case: tuple):
     return X, W_q, W_k, W_v, W_o
 
 
+_STEPS = ("how V is cut into heads", "the scaling of the scores", "the mask", "the softmax",
+          "how the heads are joined again")
+
+
 def _multi_head_hint(variant: tuple) -> str:
-    wrong = [table[way] for table, way in zip((_V_SPLIT, _SCALE, _MASK, _SOFTMAX, _MERGE),
-                                              variant, strict=True) if table[way]]
+    """Graded: the first run with a given set of mistakes names only the steps that are wrong (the
+    bugs are the learner's to find); running the same code again names each mistake and its fix."""
+    tables = (_V_SPLIT, _SCALE, _MASK, _SOFTMAX, _MERGE)
+    wrong = [k for k, (table, way) in enumerate(zip(tables, variant, strict=True)) if table[way]]
     planted = sum(v == p != r for v, p, r in zip(variant, _PLANTED, _RIGHT, strict=True))
     lead = (f"{planted} of the 3 planted bugs {'is' if planted == 1 else 'are'} still there; "
             if planted else "")
-    return lead + "; ".join(wrong)
+    kind = "4.1 " + repr(variant)
+    seen = _HINTS_GIVEN.get(kind, 0)
+    _HINTS_GIVEN[kind] = seen + 1
+    if seen == 0:
+        return (lead + "look again at " + " and at ".join(_STEPS[k] for k in wrong)
+                + " (run the same code again for a more specific hint)")
+    return lead + "; ".join(tables[k][variant[k]] for k in wrong)
 
 
 def _planted_bugs_agree(num_heads: int) -> bool:
@@ -192,9 +204,8 @@ def _planted_bugs_agree(num_heads: int) -> bool:
 
 
 _PREDICTION_HINTS = {
-    1: "with one head, .view(B, 1, T, d_v) and the view-then-transpose lay out the same numbers, "
-       "H * d_k is d_k, and reshaping (B, 1, T, d_v) to (B, T, d_v) moves nothing: what is left "
-       "of each bug?",
+    1: "with one head there is nothing to cut apart or join together, and all heads together "
+       "are as wide as one head: which of the bugs can still change a number?",
     3: "with three heads, every step that cuts the heads apart, scales their scores or joins "
        "them again has a way to go wrong that one head cannot show",
 }

@@ -3,6 +3,7 @@ for the shipped stub, and rejects typical wrong answers with the hint that names
 
 from __future__ import annotations
 
+import functools
 import re
 
 import numpy as np
@@ -338,12 +339,13 @@ def test_checker(capsys, checker, answers, expected, phrase):
 def test_every_checker_is_covered_three_ways():
     """Each checker: a correct answer, the stub, and at least two different wrong answers."""
     assert CHECKERS == ["check_replace_prediction", "check_weight_name", "check_punctuation_score", "check_punctuation_guess",
-                        "check_silenced_heads", "check_silencing_prediction"]
+                        "check_silenced_heads", "check_silencing_prediction", "check_random_sets"]
+    cases = CASES + [(ex.check_random_sets, None, expected, phrase) for _, expected, phrase in RANDOM_CASES]
     for name in CHECKERS:
-        results = [c[2] for c in CASES if c[0].__name__ == name]
+        results = [c[2] for c in cases if c[0].__name__ == name]
         assert True in results and None in results, name
         assert results.count(False) >= 2, name
-        hints = {c[3] for c in CASES if c[0].__name__ == name and c[2] is False}
+        hints = {c[3] for c in cases if c[0].__name__ == name and c[2] is False}
         assert len(hints) >= 2, name
 
 
@@ -425,3 +427,105 @@ def test_replace_prediction_truth_matches_the_notebooks_mapper():
               if map_by_replace(f"encoder.layer.7.{part}.bias") != map_ok(f"encoder.layer.7.{part}.bias")}
     assert broken == {"attention.output.dense", "attention.output.LayerNorm"}
     assert set(ex.nb09._broken_parts()) == broken
+
+
+# 9.3, the fairer test: random sets of 10 heads, measured by zeroing W_o's columns in place --------
+@functools.lru_cache(maxsize=1)
+def random_set_data():
+    """100 random sets of 10 heads (seed 1), each set's and the two named sets' mean 1 - cos,
+    measured independently of the checker (W_o's columns zeroed in place, then restored)."""
+    import torch.nn.functional as F
+
+    from shared.pretrained import REFERENCE_SENTENCES, load_minilm, mean_pool, tokenize
+
+    model = load_minilm()
+    ids, mask, _ = tokenize(list(REFERENCE_SENTENCES), model.tokenizer)
+
+    def embed():
+        with torch.no_grad():
+            return F.normalize(mean_pool(model(ids, mask), mask), dim=-1)
+
+    base = embed()
+
+    def change(heads):
+        saved = {}
+        for layer, head in heads:
+            w = model.layers[layer].attention.out_proj.weight
+            saved[layer, head] = w[:, 32 * head:32 * (head + 1)].clone()
+            with torch.no_grad():
+                w[:, 32 * head:32 * (head + 1)] = 0
+        e = embed()
+        with torch.no_grad():
+            for (layer, head), cols in saved.items():
+                model.layers[layer].attention.out_proj.weight[:, 32 * head:32 * (head + 1)] = cols
+        return (1 - (e * base).sum(-1)).mean().item()
+
+    g = torch.Generator().manual_seed(1)
+    sets = [[divmod(i, 12) for i in torch.randperm(72, generator=g)[:10].tolist()] for _ in range(100)]
+    changes = [change(s) for s in sets]
+    with torch.no_grad():
+        cls = torch.stack([torch.stack(model(ids[b:b + 1, :n], mask[b:b + 1, :n], return_all=True).weights)
+                           [:, 0, :, :, 0].mean(-1) for b, n in enumerate(mask.sum(1).tolist())]).mean(0)
+    order = cls.flatten().argsort(descending=True).tolist()
+    named = {"highest": change([divmod(i, 12) for i in order[:10]]),
+             "lowest": change([divmod(i, 12) for i in order[-10:]])}
+    c = np.array(changes)
+    truth = {(True, True): "both", (True, False): "only highest", (False, True): "only lowest",
+             (False, False): "neither"}[((c > named["highest"]).mean() >= 0.8, (c < named["lowest"]).mean() >= 0.8)]
+    return sets, changes, named, truth
+
+
+def _random_answer(kind):
+    sets, changes, named, truth = random_set_data()
+    wrong = next(c for c in ("both", "neither") if c != truth)
+    g = torch.Generator().manual_seed(2)
+    return {
+        "ok": (sets, changes, named, truth),
+        "stub": (None, None, {"highest": None, "lowest": None}, None),
+        "no_conclusion": (sets, changes, named, None),
+        "wrong_conclusion": (sets, changes, named, wrong),
+        "odd_conclusion": (sets, changes, named, "yes"),
+        "too_few": (sets[:99], changes[:99], named, truth),
+        "nine_heads": ([s[:9] for s in sets], changes, named, truth),
+        "with_replacement": ([[divmod(i, 12) for i in torch.randint(0, 72, (10,), generator=g).tolist()]
+                              for _ in range(100)], changes, named, truth),
+        "same_set": ([sets[0]] * 100, changes, named, truth),
+        "one_layer": ([[(0, h) for h in s] for s in (torch.randperm(12, generator=g)[:10].tolist()
+                                                      for _ in range(100))], changes, named, truth),
+        "range_one_short": ([[divmod(i, 12) for i in torch.randperm(71, generator=g)[:10].tolist()]
+                             for _ in range(100)], changes, named, truth),
+        "cosines": (sets, [1 - c for c in changes], named, truth),
+        "swapped": (sets, changes, {"highest": named["lowest"], "lowest": named["highest"]}, truth),
+        "length_mismatch": (sets, changes[:-1], named, truth),
+    }[kind]
+
+
+RANDOM_CASES = [
+    ("ok", True, "neither lies beyond every random set"),
+    ("stub", None, NA),
+    ("no_conclusion", None, "my_conclusion"),
+    ("wrong_conclusion", False, "by the 80 % rule"),
+    ("odd_conclusion", False, "must be one of"),
+    ("too_few", False, "only 99 random sets"),
+    ("nine_heads", False, "has 9 heads"),
+    ("with_replacement", False, "draw without replacement"),
+    ("same_set", False, "create the random generator once"),
+    ("one_layer", False, "or each from one layer"),
+    ("range_one_short", False, "an index range that stops one short"),
+    ("cosines", False, "that is cos, not 1 - cos"),
+    ("swapped", False, "swapped"),
+    ("length_mismatch", False, "one value per set"),
+]
+
+
+@pytest.mark.parametrize("kind, expected, phrase", RANDOM_CASES, ids=[c[0] for c in RANDOM_CASES])
+def test_random_sets_checker(capsys, kind, expected, phrase):
+    result, out = run(capsys, ex.check_random_sets, *_random_answer(kind))
+    assert result.passed is expected, out
+    assert phrase in out, out
+
+
+def test_random_sets_truth_is_both():
+    """On 100 random sets the [CLS]-heavy set lies in the bottom fifth and the [CLS]-light set in
+    the top fifth (as on the solutions' 200): the right conclusion is "both"."""
+    assert random_set_data()[3] == "both"

@@ -33,6 +33,7 @@ __all__ = [
     "check_punctuation_guess",
     "check_silenced_heads",
     "check_silencing_prediction",
+    "check_random_sets",
 ]
 
 
@@ -396,7 +397,7 @@ def check_silenced_heads(forward_without_heads):
 # --------------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=1)
 def _minilm_measurements() -> dict:
-    """On the six reference sentences (section 8): the best head's punctuation score and a uniform
+    """On the six reference sentences (section 9): the best head's punctuation score and a uniform
     head's, and the mean 1 - cos of the sentence embeddings with the 10 heads of highest and of
     lowest [CLS] score silenced."""
     import torch.nn.functional as F
@@ -436,12 +437,18 @@ def _minilm_measurements() -> dict:
                 hook.remove()
 
     base = embed([])
+
+    def change_of(heads):
+        return float((1 - (embed(list(heads)) * base).sum(-1)).mean())
+
     change = {label: float((1 - (embed([divmod(i, num_heads) for i in picked]) * base).sum(-1))
                            .mean())
               for label, picked in (("highest", order[:10]), ("lowest", order[-10:]))}
     best = int(punct.argmax())
     return {"best head": float(punct.flatten()[best]), "best": divmod(best, num_heads),
-            "uniform head": float(uniform), "change": change}
+            "uniform head": float(uniform), "change": change, "change_of": change_of,
+            "named": {"highest": [divmod(i, num_heads) for i in order[:10]],
+                      "lowest": [divmod(i, num_heads) for i in order[-10:]]}}
 
 
 _GUESS_TOL = 0.05  # a guess within 0.05 of the measured score counts as right
@@ -450,7 +457,7 @@ _GUESS_TOL = 0.05  # a guess within 0.05 of the measured score counts as right
 @_checker
 def check_punctuation_guess(my_guess):
     """``my_guess``: ``{"best head": x, "uniform head": y}``, predicted punctuation scores (0 to 1)
-    on the six sentences of section 8. Once both are filled in, the checker measures them on the
+    on the six sentences of section 9. Once both are filled in, the checker measures them on the
     model and prints them next to the guesses; a guess within 0.05 counts as right."""
     keys = ("best head", "uniform head")
     if not isinstance(my_guess, dict) or set(my_guess) != set(keys):
@@ -482,7 +489,7 @@ def check_punctuation_guess(my_guess):
     if hints:
         raise _Wrong(f"{shown}: " + "; ".join(hints))
     return (f"{shown}. MiniLM has no strong punctuation head: the best is about twice uniform, "
-            "far from the near-1 scores of section 8.")
+            "far from the near-1 scores of section 9.")
 
 
 @_checker
@@ -504,3 +511,104 @@ def check_silencing_prediction(my_prediction):
                      "from")
     return (f"{shown}. But the two sets come from different layers: before concluding, compare "
             "heads of the same layers, or random sets of 10.")
+
+
+_UNUSUAL = 0.8  # a named set is unusual if it lies beyond 80 % of the random sets on its side
+_CONCLUSIONS = ("both", "only highest", "only lowest", "neither")
+
+
+@_checker
+def check_random_sets(random_sets, random_changes=None, named_changes=None, my_conclusion=None):
+    """The fairer test of 9.3. ``random_sets``: at least 100 lists of 10 different ``(layer, head)``
+    pairs drawn from all 72 heads; ``random_changes``: for each, the mean over the six sentences of
+    1 - cos of the embeddings with those heads silenced; ``named_changes``: ``{"highest": x,
+    "lowest": y}``, the same for the two sets of 10 by [CLS] score; ``my_conclusion``: "both",
+    "only highest", "only lowest" or "neither", which set lies beyond 80 % of the random sets on
+    its side (the highest set below, the lowest above). Some values are re-measured on the model;
+    the conclusion is graded on the learner's own random sets."""
+    if random_sets is None or random_changes is None:
+        raise _NotAttempted("fill in random_sets and random_changes (and named_changes and "
+                            "my_conclusion); the percentiles are shown once they are")
+    try:
+        sets = [[(int(layer), int(head)) for layer, head in s] for s in random_sets]
+        changes = [float(c) for c in random_changes]
+    except (TypeError, ValueError):
+        raise _Wrong("random_sets must be a list of sets, each a list of (layer, head) pairs, and "
+                     "random_changes a list of numbers, one per set") from None
+    if len(changes) != len(sets):
+        raise _Wrong(f"{len(sets)} sets but {len(changes)} values in random_changes: one value "
+                     "per set, in the same order")
+    if len(sets) < 100:
+        raise _Wrong(f"only {len(sets)} random sets: draw at least 100, or a percentile moves by "
+                     "several points from one draw to the next")
+    for k, s in enumerate(sets):
+        if len(set(s)) < len(s):
+            raise _Wrong(f"random_sets[{k}] lists a head twice: draw without replacement "
+                         "(torch.randperm(72)[:10]), or the set silences fewer than 10 heads")
+        if len(s) != 10:
+            raise _Wrong(f"random_sets[{k}] has {len(s)} heads: compare like with like, sets of 10 "
+                         "as the two named sets")
+        bad = [(layer, head) for layer, head in s if not (0 <= layer < 6 and 0 <= head < 12)]
+        if bad:
+            raise _Wrong(f"random_sets[{k}] holds {bad[0]}: layers run 0..5 and heads 0..11")
+    if len({tuple(sorted(s)) for s in sets}) < 10:
+        raise _Wrong("most of your random sets are the same set: create the random generator "
+                     "once, before the loop, not in each round")
+    layers = {layer for s in sets for layer, _ in s}
+    if len(layers) < 6 or all(len({layer for layer, _ in s}) == 1 for s in sets):
+        raise _Wrong(f"your random sets draw from layers {sorted(layers)} only, or each from one "
+                     "layer: draw each set from all 72 heads (divmod(i, 12) for i in "
+                     "torch.randperm(72)[:10]), or you compare layers, not sets of heads")
+    missing = [(layer, head) for layer in range(6) for head in range(12)
+               if all((layer, head) not in s for s in sets)]
+    if missing:
+        raise _Wrong(f"no random set ever holds {missing[0]}: draw from all 72 heads "
+                     "(an index range that stops one short?)")
+    if not isinstance(named_changes, dict) or set(named_changes) != {"highest", "lowest"}:
+        raise _Wrong('named_changes must be {"highest": ..., "lowest": ...}; got '
+                     f"{named_changes!r}")
+    if any(named_changes[k] is None for k in named_changes):
+        raise _NotAttempted("fill in named_changes, the two named sets measured the same way")
+    m = _minilm_measurements()
+    true_named = m["change"]
+    got_named = {k: float(v) for k, v in named_changes.items()}
+    if (abs(got_named["highest"] - true_named["lowest"]) < 1e-4
+            and abs(got_named["lowest"] - true_named["highest"]) < 1e-4):
+        raise _Wrong("named_changes has the two sets swapped: 'highest' is the set of the 10 heads "
+                     "with the highest [CLS] scores")
+    for k in ("highest", "lowest"):
+        if abs(got_named[k] - true_named[k]) > 1e-4:
+            hint = (" (that is cos, not 1 - cos)" if abs(1 - got_named[k] - true_named[k]) < 1e-4
+                    else "")
+            raise _Wrong(f"named_changes[{k!r}] is {got_named[k]:.4f}, but silencing the 10 "
+                         f"{k}-[CLS] heads gives {true_named[k]:.4f}{hint}: the mean over the six "
+                         "sentences of 1 - cos(embedding with the heads silenced, without)")
+    for k in (0, 1, len(sets) - 1):  # re-measure a few random sets
+        true = m["change_of"](sets[k])
+        if abs(changes[k] - true) > 1e-4:
+            hint = " (that is cos, not 1 - cos)" if abs(1 - changes[k] - true) < 1e-4 else ""
+            raise _Wrong(f"random_changes[{k}] is {changes[k]:.4f}, but silencing random_sets[{k}] "
+                         f"gives {true:.4f}{hint}: measure each set as the named ones")
+    if my_conclusion is None:
+        raise _NotAttempted('write "both", "only highest", "only lowest" or "neither" in '
+                            "my_conclusion; the percentiles are shown once it is filled in")
+    if my_conclusion not in _CONCLUSIONS:
+        raise _Wrong(f"my_conclusion must be one of {', '.join(map(repr, _CONCLUSIONS))}; got "
+                     f"{my_conclusion!r}")
+    c = np.array(changes)
+    above_high = float((c > got_named["highest"]).mean())  # random sets that change more
+    below_low = float((c < got_named["lowest"]).mean())  # random sets that change less
+    unusual = (above_high >= _UNUSUAL, below_low >= _UNUSUAL)
+    truth = {(True, True): "both", (True, False): "only highest", (False, True): "only lowest",
+             (False, False): "neither"}[unusual]
+    shown = (f"of your {len(sets)} random sets, {100 * above_high:.1f} % change the "
+             f"embeddings more than the highest-[CLS] set and {100 * below_low:.1f} % less than "
+             f"the lowest-[CLS] set (median {np.median(c):.3f})")
+    if my_conclusion != truth:
+        raise _Wrong(f"{shown}: by the 80 % rule that is {truth!r}, not {my_conclusion!r}")
+    beyond = int((c < got_named["highest"]).sum()), int((c > got_named["lowest"]).sum())
+    extreme = ("neither lies beyond every random set" if min(beyond) > 0 else
+               "at least one lies beyond every random set")
+    return (f"{shown}: {truth}. {beyond[0]} random sets change them less than the highest-[CLS] "
+            f"set and {beyond[1]} more than the lowest: {extreme}. Random sets mix layers: "
+            "compare heads within the same layers next.")

@@ -345,45 +345,55 @@ CASES = [
      "the model you were given has"),
     (C.check_position_mean_ablation, (pma_returns_model, "higher", NB), False, "not a model"),
     # 6.3
-    (C.check_k_composition, (ko_ok, "key", NB), True, OK),
-    (C.check_k_composition, (stub, None, None), None, NA),
-    (C.check_k_composition, (ko_ok, ["key"], NB), True, OK),
-    (C.check_k_composition, (ko_ok, ["query", "key"], NB), False,
+    (C.check_knock_out, (ko_ok, "key", NB), True, OK),
+    (C.check_knock_out, (stub, None, None), None, NA),
+    (C.check_knock_out, (ko_ok, ["key"], NB), True, OK),
+    (C.check_knock_out, (ko_ok, ["query", "key"], NB), False,
      "you predicted induction breaks without the previous-token head (0, 0) in layer 1's query"),
-    (C.check_k_composition, (ko_ok, ["key", "value"], NB), False,
+    (C.check_knock_out, (ko_ok, ["key", "value"], NB), False,
      "breaks without the previous-token head (0, 0) in layer 1's value input"),
-    (C.check_k_composition, (ko_ok, [], NB), False,
+    (C.check_knock_out, (ko_ok, [], NB), False,
      "you predicted induction survives without the previous-token head (0, 0) in layer 1's key"),
-    (C.check_k_composition, (ko_ok, "query", NB), False, "layer 1's query input"),
-    (C.check_k_composition, (ko_ok, "keys", NB), False, "set breaks to a list of the inputs"),
-    (C.check_k_composition, (ko_ok, ["key", 1], NB), False, "set breaks to a list of the inputs"),
-    (C.check_k_composition, (ko_ok, "key", None), False, "pass the notebook's trained model"),
-    (C.check_k_composition, (ko_ok, "key", NB0), False, "has not learned the task"),
-    (C.check_k_composition, (ko_next_path, "key", NB), False,
+    (C.check_knock_out, (ko_ok, "query", NB), False, "layer 1's query input"),
+    (C.check_knock_out, (ko_ok, "keys", NB), False, "set breaks to a list of the inputs"),
+    (C.check_knock_out, (ko_ok, ["key", 1], NB), False, "set breaks to a list of the inputs"),
+    (C.check_knock_out, (ko_ok, "key", None), False, "pass the notebook's trained model"),
+    (C.check_knock_out, (ko_ok, "key", NB0), False, "has not learned the task"),
+    (C.check_knock_out, (ko_next_path, "key", NB), False,
      "asked for path='key', you removed the head from layer 1's value input"),
-    (C.check_k_composition, (ko_all_paths, "key", NB), False, "all three of layer 1's inputs"),
-    (C.check_k_composition, (ko_zero_ablation, "key", NB), False, "that is zero ablation"),
-    (C.check_k_composition, (ko_unembed_too, "key", NB), False, "reaches the unembedding"),
-    (C.check_k_composition, (ko_with_bias, "key", NB), False, "output bias b_o"),
-    (C.check_k_composition, (ko_whole_layer, "key", NB), False, "all of layer 0's output"),
-    (C.check_k_composition, (ko_next_head, "key", NB), False, "you removed head 2 of layer 0, not head 1"),
-    (C.check_k_composition, (ko_nothing, "key", NB), False, "nothing changed"),
-    (C.check_k_composition, (ko_in_place, "key", NB), False, "the model you were given has"),
-    (C.check_k_composition, (ko_returns_model, "key", NB), False, "not a model"),
-    (C.check_k_composition, (find_induction_head, "key", NB), False,
+    (C.check_knock_out, (ko_all_paths, "key", NB), False, "all three of layer 1's inputs"),
+    (C.check_knock_out, (ko_zero_ablation, "key", NB), False, "that is zero ablation"),
+    (C.check_knock_out, (ko_unembed_too, "key", NB), False, "reaches the unembedding"),
+    (C.check_knock_out, (ko_with_bias, "key", NB), False, "output bias b_o"),
+    (C.check_knock_out, (ko_whole_layer, "key", NB), False, "all of layer 0's output"),
+    (C.check_knock_out, (ko_next_head, "key", NB), False, "you removed head 2 of layer 0, not head 1"),
+    (C.check_knock_out, (ko_nothing, "key", NB), False, "nothing changed"),
+    (C.check_knock_out, (ko_in_place, "key", NB), False, "the model you were given has"),
+    (C.check_knock_out, (ko_returns_model, "key", NB), False, "not a model"),
+    (C.check_knock_out, (find_induction_head, "key", NB), False,
      "takes 2 positional arguments but 4 were given"),
-    # 6.4
-    (C.check_fixed_period_shortcut, (fixed_ok, [5, 10]), True, OK),
-    (C.check_fixed_period_shortcut, (stub, None), None, NA),
-    (C.check_fixed_period_shortcut, (fixed_ok, [10]), False, "period 5 works too"),
-    (C.check_fixed_period_shortcut, (fixed_ok, [5, 7, 10]), False, "period 7 fails"),
-    (C.check_fixed_period_shortcut, (fixed_ok, [5, 10, 12]), False, "period 12 fails"),
-    (C.check_fixed_period_shortcut, (fixed_ok, [5]), False, "period 10 works"),
-    (C.check_fixed_period_shortcut, (fixed_ok, [5, 10, 11]), False, "pick the periods from"),
-    (C.check_fixed_period_shortcut, (varied, [5, 10]), False, "also solves periods 7 and 12"),
-    (C.check_fixed_period_shortcut, (fixed_untrained, [5, 10]), False,
+    # 6.4 (10 of the 14 repeated queries of a period-5 sequence find their copy 9 back: 10 / 14)
+    (C.check_fixed_period_shortcut, (fixed_ok, [5, 10], 10 / 14), True, OK),
+    (C.check_fixed_period_shortcut, (fixed_ok, [5, 10], 0.7), True, OK),
+    (C.check_fixed_period_shortcut, (stub, None, None), None, NA),
+    (C.check_fixed_period_shortcut, (fixed_ok, [5, 10], None), None, "write your predictions"),
+    (C.check_fixed_period_shortcut, (fixed_ok, None, 0.7), None, "write your predictions"),
+    (C.check_fixed_period_shortcut, (fixed_ok, [5, 10], 1.0), False,
+     "9 positions back must hold a letter"),  # "5 divides 10, so all of them"
+    (C.check_fixed_period_shortcut, (fixed_ok, [5, 10], 0.5), False,
+     "right at every repeated query whose position 9 back holds a letter"),
+    (C.check_fixed_period_shortcut, (fixed_ok, [5, 10], 9 / 14), False, "Count them"),
+    (C.check_fixed_period_shortcut, (fixed_ok, [5, 10], 71), False, "a number from 0 to 1"),
+    (C.check_fixed_period_shortcut, (fixed_ok, [5, 10], True), False, "a number from 0 to 1"),
+    (C.check_fixed_period_shortcut, (fixed_ok, [10], 0.7), False, "period 5 works too"),
+    (C.check_fixed_period_shortcut, (fixed_ok, [5, 7, 10], 0.7), False, "period 7 fails"),
+    (C.check_fixed_period_shortcut, (fixed_ok, [5, 10, 12], 0.7), False, "period 12 fails"),
+    (C.check_fixed_period_shortcut, (fixed_ok, [5], 0.7), False, "period 10 works"),
+    (C.check_fixed_period_shortcut, (fixed_ok, [5, 10, 11], 0.7), False, "pick the periods from"),
+    (C.check_fixed_period_shortcut, (varied, [5, 10], 0.7), False, "also solves periods 7 and 12"),
+    (C.check_fixed_period_shortcut, (fixed_untrained, [5, 10], 0.7), False,
      "does not solve period 10"),
-    (C.check_fixed_period_shortcut, (fixed_wide, [5, 10]), False, "use the notebook's model"),
+    (C.check_fixed_period_shortcut, (fixed_wide, [5, 10], 0.7), False, "use the notebook's model"),
 ]
 
 
@@ -413,16 +423,38 @@ def test_the_previous_token_designs_look_one_back_in_pytorch():
 
 
 def test_the_experiment_checkers_also_take_the_trained_model(capsys):
-    assert ex.check_fixed_period_shortcut(fixed_ok(), [10, 5]).passed is True
-    assert ex.check_fixed_period_shortcut(fixed_ok(), (10, 5)).passed is True
-    assert ex.check_fixed_period_shortcut(fixed_ok(), 10).passed is False  # period 5 works too
+    assert ex.check_fixed_period_shortcut(fixed_ok(), [10, 5], 0.7).passed is True
+    assert ex.check_fixed_period_shortcut(fixed_ok(), (10, 5), 0.7).passed is True
+    assert ex.check_fixed_period_shortcut(fixed_ok(), 10, 0.7).passed is False  # 5 works too
+    capsys.readouterr()
+
+
+def test_the_fixed_period_model_takes_the_shortcut_at_period_5():
+    """Hand count: at period 5 the 14 repeated queries (6 to 19) find the next token's copy 9
+    back except queries 6 to 9 (BOS or before the sequence), so a pure shortcut scores 10 / 14."""
+    from shared.tiny_transformer import evaluate
+
+    batch = repeated_tokens(256, 21, 27, 5, generator=torch.Generator().manual_seed(5))
+    assert abs(evaluate(fixed_ok(), batch)["repeat_accuracy"] - 10 / 14) < 0.02
+
+
+def test_a_filled_in_trainer_without_predictions_does_not_train(capsys):
+    calls = []
+
+    def train_fixed_period():  # filled in (not a stub): calling it would train
+        calls.append(1)
+        return fixed_ok()
+
+    assert ex.check_fixed_period_shortcut(train_fixed_period, [5, 10], None).passed is None
+    assert ex.check_fixed_period_shortcut(train_fixed_period, [5, 10], 2.0).passed is False
+    assert calls == []
     capsys.readouterr()
 
 
 def test_every_checker_is_covered_three_ways():
     """Each checker: a correct answer, the stub, and at least two different wrong answers."""
     assert ex.nb06.__all__ == ["check_previous_token_head", "check_position_mean_ablation",
-                               "check_k_composition", "check_fixed_period_shortcut"]
+                               "check_knock_out", "check_fixed_period_shortcut"]
     for name in ex.nb06.__all__:
         results = [c[2] for c in CASES if c[0].__name__ == name]
         assert True in results and None in results, name
@@ -490,7 +522,7 @@ def test_checkers_leave_the_global_random_state_alone(capsys):
     model = notebook_model()
     torch.manual_seed(7)
     ex.check_position_mean_ablation(pma_ok, "higher", model)
-    ex.check_k_composition(ko_ok, "key", model)
+    ex.check_knock_out(ko_ok, "key", model)
     capsys.readouterr()
     after_torch, after_np = torch.rand(3), np.random.random(3)  # noqa: NPY002
     torch.manual_seed(7)

@@ -15,6 +15,7 @@ from ._core import (
     _close,
     _diagnose,
     _maxdiff,
+    _NotAttempted,
     _rng,
     _shape,
     _softmax,
@@ -24,7 +25,7 @@ from ._core import (
 __all__ = [
     "check_previous_token_head",
     "check_position_mean_ablation",
-    "check_k_composition",
+    "check_knock_out",
     "check_fixed_period_shortcut",
 ]
 
@@ -286,7 +287,7 @@ def check_position_mean_ablation(position_mean_ablate, prediction, model):
 
 
 # --------------------------------------------------------------------------------------------
-# 6.3 K-composition: which of layer 1's inputs needs the previous-token head?
+# 6.3 Knock the previous-token head out of one input of layer 1: which one needs it?
 # --------------------------------------------------------------------------------------------
 _PATHS = ("query", "key", "value")
 _BROKEN_LOSS = 0.3  # nats: a repeat loss above it counts as broken (the model reaches about 0.01)
@@ -377,7 +378,7 @@ def _path_model(seed: int):
 
 
 @_checker
-def check_k_composition(knock_out, breaks, model):
+def check_knock_out(knock_out, breaks, model):
     """``knock_out(model, tokens, head, path)`` -> logits ``(B, T, vocab_size)`` of the 2-layer
     ``TinyTransformer`` ``model`` on ``tokens`` ``(B, T)`` in which layer 1 computes its
     ``path`` (``"query"``, ``"key"`` or ``"value"``) from the residual stream without the output
@@ -436,7 +437,7 @@ def check_k_composition(knock_out, breaks, model):
         raise _Wrong('set breaks to a list of the inputs you predict induction breaks without, '
                      'from "query", "key" and "value" (none, one, two or all three: [] is a '
                      f"prediction too); got {breaks!r}")
-    tokens, prev = _trained_notebook_model(model, "k_composition")
+    tokens, prev = _trained_notebook_model(model, "knock_out")
     loss = {_PLURAL[p]: _repeat_loss(_ref_knock_out(model, tokens, prev, [p]), tokens)
             for p in _PATHS}
     measured = {p for p in _PATHS if loss[_PLURAL[p]] > _BROKEN_LOSS}
@@ -460,14 +461,36 @@ def check_k_composition(knock_out, breaks, model):
 # 6.4 A fixed period invites a shortcut (predict, then train and measure)
 # --------------------------------------------------------------------------------------------
 _PERIODS = (5, 7, 10, 12)
+_ACCURACY_TOLERANCE = 0.05  # a predicted accuracy at period 5 this close to the measured one passes
 
 
 @_checker
-def check_fixed_period_shortcut(train_fixed_period, works_on):
+def check_fixed_period_shortcut(train_fixed_period, works_on, accuracy_at_5):
     """``train_fixed_period()`` -> the notebook's 2-layer ``TinyTransformer`` trained on period
     10 only (or pass the trained model itself); ``works_on``: the periods among 5, 7, 10, 12 on
-    which you predict its accuracy on repeated tokens exceeds one half.
-    The checker measures each on a hidden batch."""
+    which you predict its accuracy on repeated tokens exceeds one half; ``accuracy_at_5``: your
+    predicted accuracy at period 5 (a number from 0 to 1). Both predictions are checked for form
+    before anything trains; the checker then measures each period on a hidden batch."""
+    from ..tiny_transformer import TinyTransformer
+
+    if not isinstance(train_fixed_period, TinyTransformer) and callable(train_fixed_period) \
+            and not _core._did_work(train_fixed_period):
+        _call(train_fixed_period, name="train_fixed_period")  # a stub: "not attempted yet"
+    if works_on is None or accuracy_at_5 is None:
+        raise _NotAttempted("write your predictions into works_on and accuracy_at_5 first: the "
+                            "checker trains and measures only once both are filled in")
+    if isinstance(works_on, (int, np.integer)):
+        works_on = [works_on]
+    if not isinstance(works_on, (list, tuple, set, frozenset)) or not all(
+            isinstance(p, (int, np.integer)) and not isinstance(p, bool) for p in works_on):
+        raise _Wrong(f"works_on should be a list of periods, e.g. [10]; got {works_on!r}")
+    predicted = {int(p) for p in works_on}
+    if not predicted <= set(_PERIODS):
+        raise _Wrong(f"pick the periods from {list(_PERIODS)}; got {sorted(predicted)}")
+    if isinstance(accuracy_at_5, bool) or not isinstance(accuracy_at_5, (int, float, np.number)) \
+            or not 0 <= float(accuracy_at_5) <= 1:
+        raise _Wrong("accuracy_at_5 should be a number from 0 to 1 (a share of the repeated-token "
+                     f"predictions), e.g. 0.5; got {accuracy_at_5!r}")
     model = _trained_model(train_fixed_period, "train_fixed_period")
     if (model.num_layers, model.d_model, model.num_heads) != (2, 32, 2):
         raise _Wrong("use the notebook's model: TinyTransformer(27, 21, d_model=32, num_heads=2, "
@@ -480,14 +503,6 @@ def check_fixed_period_shortcut(train_fixed_period, works_on):
     if accuracy[7] > 0.5 and accuracy[12] > 0.5:
         raise _Wrong("the model also solves periods 7 and 12: it was trained on several "
                      "periods. Train on period 10 only: min_period=10, max_period=10")
-    if isinstance(works_on, (int, np.integer)):
-        works_on = [works_on]
-    if not isinstance(works_on, (list, tuple, set, frozenset)) or not all(
-            isinstance(p, (int, np.integer)) and not isinstance(p, bool) for p in works_on):
-        raise _Wrong(f"works_on should be a list of periods, e.g. [10]; got {works_on!r}")
-    predicted = {int(p) for p in works_on}
-    if not predicted <= set(_PERIODS):
-        raise _Wrong(f"pick the periods from {list(_PERIODS)}; got {sorted(predicted)}")
     measured = {p for p in _PERIODS if accuracy[p] > 0.5}
     for p in sorted(predicted - measured):
         raise _Wrong(f"period {p} fails (accuracy below one half): the model did not learn "
@@ -498,9 +513,18 @@ def check_fixed_period_shortcut(train_fixed_period, works_on):
         if p == 10:
             raise _Wrong("period 10 works: it is the period the model was trained on")
         raise _Wrong(f"period {p} works too (accuracy above one half): copying the token 9 "
-                     f"positions back is right whenever the period divides 10, and {p} does "
-                     "(only the queries 6 to 9 go wrong: 9 positions back from them lies "
-                     "nothing or BOS)")
-    return ("with one period to learn, a position shortcut (copy from 9 back) beats induction; "
-            "periods drawn from 4 to 12 make counting useless, which is why the notebook uses "
-            "them.")
+                     f"positions back is right whenever the period divides 10, and {p} does")
+    got, off = accuracy[5], float(accuracy_at_5) - accuracy[5]
+    if off > _ACCURACY_TOLERANCE:
+        raise _Wrong(f"you predicted an accuracy of {float(accuracy_at_5):.2f} at period 5; it is "
+                     f"{got:.2f}: 9 positions back must hold a letter, not BOS or nothing, for "
+                     "the shortcut to find the copy. Count the repeated queries of a period-5 "
+                     "sequence for which it does")
+    if off < -_ACCURACY_TOLERANCE:
+        raise _Wrong(f"you predicted an accuracy of {float(accuracy_at_5):.2f} at period 5; it is "
+                     f"{got:.2f}: the shortcut is right at every repeated query whose position 9 "
+                     "back holds a letter. Count them")
+    return (f"accuracy at period 5: {got:.2f}, close to 10 of 14 (0.71): from queries 6 to 9, 9 "
+            "back lies BOS or nothing. With one period to learn, a position shortcut (copy "
+            "from 9 back) beats induction; periods drawn from 4 to 12 make counting useless, "
+            "which is why the notebook uses them.")

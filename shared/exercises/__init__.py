@@ -28,7 +28,7 @@ The exercises, by notebook (the checker names say what they check):
   ``check_attention_parameters``, ``check_gqa_prediction``, ``check_padding_changes``.
 * 05: ``check_time_call``, ``check_merge_partials``, ``check_training_peak``,
   ``check_flash_block_sizes``, ``check_largest_head_dim``, ``check_tiled_extra_bytes``.
-* 06: ``check_previous_token_head``, ``check_position_mean_ablation``, ``check_k_composition``,
+* 06: ``check_previous_token_head``, ``check_position_mean_ablation``, ``check_knock_out``,
   ``check_fixed_period_shortcut``.
 * 07: ``check_ntk_prediction``, ``check_ntk_base``, ``check_rope_bug_prediction``,
   ``check_rope_fix``, ``check_to_half_split``, ``check_alibi_mass_beyond``.

@@ -110,8 +110,8 @@ def check_ntk_prediction(my_slowdown):
     else:
         hint = ("write pair i's slowdown as a power of b'/base, then use the slowest pair to "
                 "find b'/base")
-    raise _Wrong(f"{shown}; your guess for {pairs} {'was' if len(off) == 1 else 'were'} off: "
-                 f"{hint}")
+    whose = f"guess for {pairs} was" if len(off) == 1 else f"guesses for {pairs} were"
+    raise _Wrong(f"{shown}; your {whose} off: {hint}")
 
 
 @_checker

@@ -422,7 +422,7 @@ def variance_std(d_in, d_k, T):
     return math.sqrt(variance_ok(d_in, d_k, T))
 
 
-BREAKS_IT = {"c", "d", "g"}  # a causal mask; dropout in training mode; a bias by distance
+BREAKS_IT = {"c", "d", "g", "i"}  # causal mask; dropout in training; distance bias; fixed mask
 
 
 def perm_ok(Z, Z_shuffled):
@@ -793,12 +793,12 @@ CASES = [
     (C.check_shift_matrix, (shift_fixed_base,), False, "the base you are given"),
     (C.check_shift_matrix, (shift_interleaved,), False, "section 7's interleaved columns"),
     (C.check_recover_permutation, (perm_ok, BREAKS_IT), True, OK),
-    (C.check_recover_permutation, (perm_as_floats, "c, d, g"), True, OK),
+    (C.check_recover_permutation, (perm_as_floats, "c, d, g, i"), True, OK),
     (C.check_recover_permutation, (perm_ok,), None, "now answer breaks_it"),
     (C.check_recover_permutation, (transfer_stub,), None, NA),
-    (C.check_recover_permutation, (perm_ok, {"c", "g"}), False, "(d) breaks it too"),
-    (C.check_recover_permutation, (perm_ok, {"a", "c", "d", "g"}), False, "(a) does not break it"),
-    (C.check_recover_permutation, (perm_ok, {"c", "d", "g", "h"}), False, "(h) does not break it"),
+    (C.check_recover_permutation, (perm_ok, {"c", "g", "i"}), False, "(d) breaks it too"),
+    (C.check_recover_permutation, (perm_ok, {"a", "c", "d", "g", "i"}), False, "(a) does not break it"),
+    (C.check_recover_permutation, (perm_ok, {"c", "d", "g", "h", "i"}), False, "(h) does not break it"),
     (C.check_recover_permutation, (perm_inverse,), False, "inverse permutation"),
     (C.check_recover_permutation, (perm_exact,), False, "NEAREST row"),
     (C.check_recover_permutation, (perm_first_column_only,), False, "is not a permutation"),

@@ -165,7 +165,7 @@ def perm_ok(Z, Z_shuffled):
 
 
 def test_recover_permutation_sees_in_place_changes(capsys):
-    assert ex.check_recover_permutation(perm_ok, {"c", "d", "g"}).passed is True
+    assert ex.check_recover_permutation(perm_ok, {"c", "d", "g", "i"}).passed is True
     capsys.readouterr()
     assert ex.check_recover_permutation(perm_centres_in_place).passed is False
     out = capsys.readouterr().out
@@ -197,6 +197,9 @@ def _layer_outputs(change: str, X: torch.Tensor, perm: torch.Tensor | None) -> t
     if change == "h":  # tokens 4 and 5 are padding; the mask travels with them
         is_pad = torch.tensor([False, False, False, False, True, True])[order]
         mask = ~is_pad[None, :].expand(T, T)
+    if change == "i":  # the last two positions are masked, whichever tokens the shuffle puts there
+        is_pad = torch.tensor([False, False, False, False, True, True])
+        mask = ~is_pad[None, :].expand(T, T)
     with torch.no_grad():
         S = W_q(x) @ W_k(x).T / (4 if change == "f" else 2)  # 1/d_k instead of 1/sqrt(d_k)
         if change == "g":
@@ -218,22 +221,23 @@ def test_breaks_it_answer_key_is_measured():
     X = torch.randn(6, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     perm = torch.tensor([5, 2, 0, 4, 1, 3])
     measured = set()
-    for change in "abcdefgh":
+    for change in "abcdefghi":
         gap = (_layer_outputs(change, X, perm) - _layer_outputs(change, X, None)[perm]).abs().max()
         assert gap < 1e-12 or gap > 1e-2, (change, gap)
         if gap > 1e-2:
             measured.add(change)
-    assert measured == {"c", "d", "g"} == {k for k, (b, _) in nb02._CHANGES.items() if b}
+    assert measured == {"c", "d", "g", "i"} == {k for k, (b, _) in nb02._CHANGES.items() if b}
 
 
 @pytest.mark.parametrize("answer, hint", [
-    ({"d", "g"}, "(c) breaks it too"),
-    ({"c", "g"}, "(d) breaks it too"),
-    ({"c", "d"}, "(g) breaks it too"),
-    ("cdeg", "(e) does not break it"),
-    ({"c", "d", "f", "g"}, "(f) does not break it"),
-    ({"b", "c", "d", "g"}, "(b) does not break it"),
-    ({"c", "d", "g", "h"}, "(h) does not break it"),
+    ({"d", "g", "i"}, "(c) breaks it too"),
+    ({"c", "g", "i"}, "(d) breaks it too"),
+    ({"c", "d", "i"}, "(g) breaks it too"),
+    ({"c", "d", "g"}, "(i) breaks it too"),
+    ("cdegi", "(e) does not break it"),
+    ({"c", "d", "f", "g", "i"}, "(f) does not break it"),
+    ({"b", "c", "d", "g", "i"}, "(b) does not break it"),
+    ({"c", "d", "g", "h", "i"}, "(h) does not break it"),
     ({"c", "z"}, "the options are the letters"),
     (3, "a set of letters"),
 ])
@@ -246,11 +250,11 @@ def test_breaks_it_hints(capsys, answer, hint):
 def test_breaks_it_hint_counts_the_misjudged_options(capsys):
     assert ex.check_recover_permutation(perm_ok, {"a", "c"}).passed is False
     out = capsys.readouterr().out
-    assert "3 of the 8 options are misjudged" in out and "(a) does not break it" in out, out
+    assert "4 of the 9 options are misjudged" in out and "(a) does not break it" in out, out
 
 
 def test_breaks_it_accepts_any_spelling(capsys):
-    for answer in ({"c", "d", "g"}, ["D", "c", "G"], "c, d, g", ("g", "d", "c")):
+    for answer in ({"c", "d", "g", "i"}, ["D", "c", "G", "I"], "c, d, g, i", ("g", "i", "d", "c")):
         assert ex.check_recover_permutation(perm_ok, answer).passed is True, capsys.readouterr().out
 
 

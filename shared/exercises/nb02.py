@@ -329,6 +329,8 @@ _CHANGES = {
     "g": (True, "after the shuffle, are two given tokens still the same distance i - j apart?"),
     "h": (False, "if the padding mask moves with its tokens, which keys does each query see "
                  "after the shuffle?"),
+    "i": (True, "if the mask stays on the last two positions, are the same tokens hidden before "
+                "and after the shuffle?"),
 }
 
 
@@ -353,8 +355,8 @@ def check_recover_permutation(recover_permutation, breaks_it=None):
     """Exercise 2.4: ``recover_permutation(Z, Z_shuffled)`` -> integer array ``perm`` with
     ``Z_shuffled[i] = Z[perm[i]]`` (up to rounding), where ``Z_shuffled`` are the outputs of a
     self-attention layer for the shuffled tokens ``X[perm]``; ``breaks_it``: the set of letters
-    of the changes (options a-h of the notebook) after which that no longer holds,
-    {"c", "d", "g"}."""
+    of the changes (options a-i of the notebook) after which that no longer holds,
+    {"c", "d", "g", "i"}."""
     rng = _rng(204)
     for T, d in ((6, 4), (9, 3), (5, 5), (1, 2)):
         X = rng.normal(size=(T, d))
@@ -407,7 +409,7 @@ def check_recover_permutation(recover_permutation, breaks_it=None):
                      f"are misjudged. The first: ({letter}) {verdict}; ask yourself: {why}")
     return ("each output depends on its own token and the SET of all tokens, so a shuffle only "
             "reorders the rows; only something tied to positions (a causal mask, a bias by "
-            "distance) or to chance (dropout) breaks that.")
+            "distance, a mask on fixed positions) or to chance (dropout) breaks that.")
 
 
 # --------------------------------------------------------------------------------------------

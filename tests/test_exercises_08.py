@@ -70,6 +70,8 @@ def _step(positions="ok", heads="interleave", mask="bottom_right", cache_heads="
             context = F.scaled_dot_product_attention(Q, K, V, attn_mask=causal_mask(T_new, K.shape[2]))
         elif mask == "is_causal":
             context = F.scaled_dot_product_attention(Q, K, V, is_causal=True)
+        elif mask == "is_causal_if_many":
+            context = F.scaled_dot_product_attention(Q, K, V, is_causal=T_new > 1)
         else:
             context = F.scaled_dot_product_attention(Q, K, V)
         out = layer.o_proj(context.transpose(1, 2).reshape(B, T_new, H * d))
@@ -77,9 +79,10 @@ def _step(positions="ok", heads="interleave", mask="bottom_right", cache_heads="
     return llama_step
 
 
-step_as_given = _step(positions="zero", heads="repeat")  # the notebook's buggy_llama_step
-step_positions_only = _step(heads="repeat")  # fixed the positions, not the heads
-step_heads_only = _step(positions="zero")  # fixed the heads, not the positions
+step_as_given = _step(heads="repeat", mask="is_causal_if_many")  # the notebook's buggy_llama_step
+step_mask_fixed_only = _step(heads="repeat")  # fixed the mask, not the heads
+step_heads_fixed_only = _step(mask="is_causal_if_many")  # fixed the heads, not the mask
+step_zero = _step(positions="zero")  # positions restart at 0 in every pass
 step_after = _step(positions="after")
 step_q_only = _step(positions="q_only")
 step_is_causal = _step(mask="is_causal")
@@ -318,10 +321,11 @@ def pad_float(attention_mask, T_new):
     return positions, torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))
 
 
-# 8.1's prediction: derived by hand (a prefill from an empty cache starts at position 0, so the
-# positions bug shows only after it; Tensor.repeat and repeat_interleave differ for 1 < H_kv < H
-# in every pass, and are the same list for H_kv = 1); measured below with LlamaStyleAttention
-PREDICTED = {"positions": "decode", "repeat": "prefill", "repeat, H_kv = 1": "never"}
+# 8.1's prediction: derived by hand (Tensor.repeat and repeat_interleave differ for 1 < H_kv < H
+# in every pass, and are the same list for H_kv = 1; is_causal=T_new > 1 is top-left = bottom-right
+# for a prefill from an empty cache, T_q = T_k, and no mask is right for one query, so only a
+# chunk after the prefill shows it); measured below with LlamaStyleAttention
+PREDICTED = {"repeat": "prefill", "repeat, H_kv = 1": "never", "mask": "never"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -330,19 +334,23 @@ CHECKERS = list(nb08.__all__)
 C = ex
 CASES = [
     (C.check_llama_step_prediction, (PREDICTED,), True, "1 < H_kv < H"),
-    (C.check_llama_step_prediction, ({**PREDICTED, "positions": None},), None, NA),
-    (C.check_llama_step_prediction, ({**PREDICTED, "positions": "prefill"},), False, "IS each token's position"),
+    (C.check_llama_step_prediction, ({**PREDICTED, "mask": None},), None, NA),
+    (C.check_llama_step_prediction, ({**PREDICTED, "mask": "decode"},), False, "a step of one query"),
+    (C.check_llama_step_prediction, ({**PREDICTED, "mask": "prefill"},), False, "(T_q = T_k)"),
     (C.check_llama_step_prediction, ({**PREDICTED, "repeat": "decode"},), False, "section 4's diagram"),
     (C.check_llama_step_prediction, ({**PREDICTED, "repeat, H_kv = 1": "prefill"},), False, "only one"),
     (C.check_llama_step_prediction, ({**PREDICTED, "repeat": "first"},), False, "got 'first'"),
     (C.check_llama_step_prediction, ({"positions": "decode"},), False, "must be a dict with the keys"),
+    (C.check_llama_step_prediction, ({"repeat": "prefill", "repeat, H_kv = 1": "never"},), False,
+     "must be a dict with the keys"),
     (C.check_llama_step_fix, (step_ok,), True, "3 decode steps equal the layer"),
     (C.check_llama_step_fix, (step_list,), True, OK),
     (C.check_llama_step_fix, (stub,), None, NA),
     (C.check_llama_step_fix, (stub_raises,), None, NA),
-    (C.check_llama_step_fix, (step_as_given,), False, "differ from the first pass after it on"),
-    (C.check_llama_step_fix, (step_positions_only,), False, "which key/value head each query head reads"),
-    (C.check_llama_step_fix, (step_heads_only,), False, "tokens already in the cache"),
+    (C.check_llama_step_fix, (step_as_given,), False, "which key/value head each query head reads"),
+    (C.check_llama_step_fix, (step_mask_fixed_only,), False, "which key/value head each query head reads"),
+    (C.check_llama_step_fix, (step_heads_fixed_only,), False, "wrong in a pass of several tokens"),
+    (C.check_llama_step_fix, (step_zero,), False, "tokens already in the cache"),
     (C.check_llama_step_fix, (step_after,), False, "cached BEFORE this pass"),
     (C.check_llama_step_fix, (step_q_only,), False, "but the new keys are not"),
     (C.check_llama_step_fix, (step_is_causal,), False, "aligned top-left"),
@@ -381,7 +389,7 @@ CASES = [
     (C.check_padding_prediction, (None,), None, NA),
     (C.check_padding_prediction, ("both",), False, "difference of two positions only"),
     (C.check_padding_prediction, ("positions",), False, "difference of two positions only"),
-    (C.check_padding_prediction, ("neither",), False, "share of the softmax's weight"),
+    (C.check_padding_prediction, ("neither",), False, "padding key it may see"),
     (C.check_padding_prediction, ("Mask",), False, "got 'Mask'"),
     (C.check_left_padding, (pad_ok,), True, "it would have alone"),
     (C.check_left_padding, (pad_loops,), True, OK),
@@ -459,7 +467,12 @@ def test_ceiling_prediction_hides_the_answer_when_wrong(capsys):
         assert "32.0" not in out and "31.9" not in out, out
     ex.check_llama_step_prediction({**PREDICTED, "repeat": "decode"})
     out = capsys.readouterr().out
-    assert "'repeat'" in out and "'positions'" not in out and "measured" not in out, out
+    assert "'repeat'" in out and "'mask'" not in out and "measured" not in out, out
+    # 8.4: a wrong guess gets the reasoning, never the measurement
+    for guess in ("positions", "both", "neither"):
+        ex.check_padding_prediction(guess)
+        out = capsys.readouterr().out
+        assert "measured" not in out and "leave" not in out and "changes" not in out, out
 
 
 def test_llama_step_mistakes_are_told_apart_on_the_hidden_cases():
@@ -468,7 +481,7 @@ def test_llama_step_mistakes_are_told_apart_on_the_hidden_cases():
     never names a mistake the answer does not make; the checker's own reference equals
     LlamaStyleAttention on the whole sequence."""
     combos = list(itertools.product(*nb08._STEP_OPTIONS.values()))
-    assert len(combos) == 30
+    assert len(combos) == 40
     outputs = {c: [] for c in combos}
     for W, x, passes, H, H_kv, base in nb08._step_cases():
         for c in combos:
@@ -597,8 +610,8 @@ def test_predictions_hold_for_the_torch_layer():
     torch.manual_seed(1)
     x = torch.randn(1, 7, 32, dtype=torch.float64)
     passes = ((0, 4), (4, 5), (5, 6), (6, 7))
-    for key, (step, H_kv) in {"positions": (_step(positions="zero"), 2), "repeat": (_step(heads="repeat"), 2),
-                              "repeat, H_kv = 1": (_step(heads="repeat"), 1)}.items():
+    for key, (step, H_kv) in {"repeat": (_step(heads="repeat"), 2), "repeat, H_kv = 1": (_step(heads="repeat"), 1),
+                              "mask": (_step(mask="is_causal_if_many"), 2)}.items():
         layer = LlamaStyleAttention(32, num_heads=8, num_kv_heads=H_kv).double().eval()
         Kc = Vc = torch.zeros(1, H_kv, 0, 4, dtype=torch.float64)
         outs = []

@@ -47,10 +47,11 @@ def _tril(T_q, T_k, diagonal):
 # 8.1 Find the bugs: a LLaMA-style step with its own cache
 # --------------------------------------------------------------------------------------------
 # The ways a step can go wrong that the checker names. Positions of the new tokens: "ok"
-# (T + arange(T_new), T = tokens cached before this pass), "zero" (arange(T_new): the planted
-# bug), "after" (read T after appending), and one of queries/keys still at arange(T_new).
-# Key/value heads for the query heads: "ok" (interleaved, h // g) or "cycle" (Tensor.repeat:
-# the planted bug). Mask: "ok" (bottom-right), "top_left" (is_causal=True), "none".
+# (T + arange(T_new), T = tokens cached before this pass), "zero" (arange(T_new)), "after" (read
+# T after appending), and one of queries/keys still at arange(T_new). Key/value heads for the
+# query heads: "ok" (interleaved, h // g) or "cycle" (Tensor.repeat: a planted bug). Mask: "ok"
+# (bottom-right), "top_left" (is_causal=True), "chunk" (is_causal=T_new > 1: the planted bug,
+# top-left for a pass of several tokens, no mask for one), "none".
 _STEP_HINTS = {
     ("pos", "zero"): "the outputs equal the layer's in the prefill but differ from the first pass "
                      "after it on: which quantity is different for a pass that starts with tokens "
@@ -66,11 +67,15 @@ _STEP_HINTS = {
                         "code, and which one it should read (heads 0 .. g-1 share one group)",
     ("mask", "top_left"): "the mask is aligned top-left (is_causal=True): new query i sits at "
                           "position T + i and may see keys j <= T + i",
+    ("mask", "chunk"): "the outputs are right in the prefill and in one-token steps, wrong in a "
+                       "pass of several tokens after the prefill (a chunk): is_causal=True aligns "
+                       "the mask top-left, but new query i sits at position T + i and may see "
+                       "keys j <= T + i",
     ("mask", "none"): "without a mask, the queries of a pass of several tokens see the pass's "
                       "later tokens",
 }
 _STEP_OPTIONS = {"pos": ("ok", "zero", "after", "q_only", "k_only"), "heads": ("ok", "cycle"),
-                 "mask": ("ok", "top_left", "none")}
+                 "mask": ("ok", "top_left", "chunk", "none")}
 
 
 def _rope(x: np.ndarray, positions: np.ndarray, base: float) -> np.ndarray:
@@ -105,6 +110,7 @@ def _llama_passes(W, x, passes, H, H_kv, base, pos="ok", heads="ok", mask="ok"):
         K_c, V_c = np.concatenate([K_c, k], axis=2), np.concatenate([V_c, v], axis=2)
         idx = np.arange(H) // g if heads == "ok" else np.arange(H) % H_kv
         allowed = {"ok": _tril(n, T + n, T), "top_left": _tril(n, T + n, 0),
+                   "chunk": _tril(n, T + n, 0 if n > 1 else T),
                    "none": np.ones((n, T + n), dtype=bool)}[mask]
         ctx = _masked_attend(Q, K_c[:, idx], V_c[:, idx], allowed)  # (B, H, n, d)
         outs.append(ctx.transpose(0, 2, 1, 3).reshape(B, n, H * d) @ W["o"].T)
@@ -127,12 +133,13 @@ def _step_cases():
 
 # The prediction, graded before the fix: for each planted bug alone, the first pass whose outputs
 # differ from the layer on the whole sequence (a prefill of 4 tokens, then 3 decode steps).
-_PREDICT_TESTS = {"positions": ({"pos": "zero"}, 2), "repeat": ({"heads": "cycle"}, 2),
-                  "repeat, H_kv = 1": ({"heads": "cycle"}, 1)}  # (the bug, H_kv); H = 8
+_PREDICT_TESTS = {"repeat": ({"heads": "cycle"}, 2), "repeat, H_kv = 1": ({"heads": "cycle"}, 1),
+                  "mask": ({"mask": "chunk"}, 2)}  # (the bug, H_kv); H = 8
 _PREDICT_CHOICES = ("prefill", "decode", "never")
 _PREDICT_HINTS = {
-    "positions": "in a prefill from an empty cache, arange(T_new) IS each token's position; "
-                 "what is different about the tokens of the first decode step?",
+    "mask": "compare what is_causal=True lets each query see with the bottom-right mask of "
+            "section 2, in the two kinds of pass of this run: a prefill from an empty cache "
+            "(T_q = T_k) and a step of one query",
     "repeat": "write out which key/value head each of the 8 query heads reads with "
               "Tensor.repeat and with repeat_interleave when H_kv = 2 (section 4's diagram); the "
               "queries of a prefill read the keys too",
@@ -161,7 +168,7 @@ def _first_wrong_pass(bug: dict, H_kv: int, H: int = 8) -> str:
 def check_llama_step_prediction(first_wrong):
     """``first_wrong``: for each bug of ``buggy_llama_step`` alone, ``"prefill"``, ``"decode"`` or
     ``"never"``: the first pass whose outputs differ from the layer on the whole sequence, for
-    H = 8 query heads (``"positions"``, ``"repeat"``: H_kv = 2; ``"repeat, H_kv = 1"``), a
+    H = 8 query heads (``"repeat"``, ``"mask"``: H_kv = 2; ``"repeat, H_kv = 1"``), a
     prefill of 4 tokens then 3 decode steps. The checker measures it itself, once all three
     guesses are in."""
     keys = tuple(_PREDICT_TESTS)
@@ -181,8 +188,9 @@ def check_llama_step_prediction(first_wrong):
         verb = "is" if len(off) == 1 else "are"
         raise _Wrong(f"your guess for {', '.join(map(repr, off))} {verb} off: "
                      + "; ".join(_PREDICT_HINTS[key] for key in off))
-    return (f"measured: {shown}. A test of a cached step needs a pass after the prefill and "
-            "1 < H_kv < H: the author's test (one pass, H_kv = H) had neither.")
+    return (f"measured: {shown}. A test of a cached step needs a pass of several tokens after "
+            "the prefill (a chunk) and 1 < H_kv < H: the author's test (one pass, H_kv = H) had "
+            "neither.")
 
 
 @_checker
@@ -601,16 +609,16 @@ def check_padding_prediction(padding_prediction):
         "leave the real tokens' outputs as they are"
     shown = (f"measured: positions counting the padding {pos_effect}; a mask that lets queries "
              f"see the padding {'changes' if changed['mask'] else 'leaves'} them")
-    if padding_prediction != measured:
+    if padding_prediction != measured:  # the reasoning for each wrong part, not the measurement
         why = {"positions": "RoPE scores depend on the difference of two positions only (notebook "
                             "07): what does counting the padding do to the difference of two real "
                             "tokens of one row?",
-               "mask": "a padding key that a query may see gets a share of the softmax's weight, "
-                       "and its value enters the output"}
+               "mask": "what does a real query's softmax do with a padding key it may see, and "
+                       "where does that key's value go?"}
         predicted = {"positions": padding_prediction in ("positions", "both"),
                      "mask": padding_prediction in ("mask", "both")}
-        raise _Wrong(f"{shown}: " + "; ".join(why[k] for k in predicted
-                                               if predicted[k] != changed[k]))
+        raise _Wrong("think again: " + "; ".join(why[k] for k in predicted
+                                                  if predicted[k] != changed[k]))
     return (f"{shown}. With RoPE, a shift shared by a whole row cancels in every score; with "
             "learned absolute positions (GPT-2) it would not.")
 

@@ -110,6 +110,28 @@ def punct_ok(weights, tokens):
     return weights[..., is_punct].sum(-1).mean(-1)
 
 
+@functools.lru_cache(maxsize=1)
+def _model_punct():
+    """An independent measurement for 9.2's last step: the reference scorer above on the model's
+    weights, per sentence, on the real tokens and on all T (padding included)."""
+    from shared.pretrained import REFERENCE_SENTENCES, load_minilm, tokenize
+
+    model = load_minilm()
+    ids, mask, toks = tokenize(list(REFERENCE_SENTENCES), model.tokenizer)
+    with torch.no_grad():
+        w = torch.stack(model(ids, mask, return_all=True).weights, dim=1).double()
+    real = torch.stack([punct_ok(w[b, :, :, :n, :n], toks[b][:n]) for b, n in enumerate(mask.sum(1).tolist())])
+    padded = torch.stack([punct_ok(w[b], toks[b]) for b in range(len(toks))])
+    return real.numpy(), padded.numpy()
+
+
+def punct_ok_scores(padded=False, first=False, per_sentence=False):
+    real, with_pad = _model_punct()
+    if per_sentence:
+        return real
+    return real[0] if first else (with_pad if padded else real).mean(0)
+
+
 def punct_loop(weights, tokens):  # a plain loop over heads, queries and keys
     L, H, n, _ = weights.shape
     out = np.zeros((L, H))
@@ -308,19 +330,32 @@ CASES = [
     (C.check_silenced_heads, (silence_late_binding,), False, "bind it as a default argument"),
     # prediction checkers: the right guesses are measured independently in
     # test_prediction_checkers_measure_the_model below
+    # a committed prediction that misses passes as "measured: ..." with the lesson ("miss")
     (C.check_punctuation_guess, ({"best head": 0.15, "uniform head": 0.08},), True, "twice uniform"),
     (C.check_punctuation_guess, ({"best head": None, "uniform head": 0.1},), None, "both heads"),
-    (C.check_punctuation_guess, ({"best head": 0.9, "uniform head": 0.075},), False,
+    (C.check_punctuation_guess, ({"best head": 0.9, "uniform head": 0.075},), "miss",
      "no head here comes near"),
-    (C.check_punctuation_guess, ({"best head": 0.01, "uniform head": 0.075},), False,
+    (C.check_punctuation_guess, ({"best head": 0.01, "uniform head": 0.075},), "miss",
      "some head does prefer punctuation"),
-    (C.check_punctuation_guess, ({"best head": 0.15, "uniform head": 0.25},), False,
+    (C.check_punctuation_guess, ({"best head": 0.15, "uniform head": 0.25},), "miss",
      "share of punctuation tokens"),
     (C.check_punctuation_guess, ({"best": 0.15},), False, "must be a dict"),
+    (C.check_punctuation_guess, ({"best head": 15, "uniform head": 0.08},), False, "between 0 and 1"),
+    (C.check_punctuation_head, (punct_ok_scores(), (3, 11)), True, "no strong punctuation head"),
+    (C.check_punctuation_head, (None,), None, "best_head"),
+    (C.check_punctuation_head, (punct_ok_scores(),), None, "now write the (layer, head)"),
+    (C.check_punctuation_head, (punct_ok_scores(padded=True), (3, 11)), False, "[PAD] queries"),
+    (C.check_punctuation_head, (6 * punct_ok_scores(), (3, 11)), False, "you added"),
+    (C.check_punctuation_head, (punct_ok_scores(first=True), (3, 11)), False, "first sentence alone"),
+    (C.check_punctuation_head, (punct_ok_scores(per_sentence=True), (3, 11)), False, "one (6, 12) map per"),
+    (C.check_punctuation_head, (punct_ok_scores(), (11, 3)), False, "(head, layer)"),
+    (C.check_punctuation_head, (punct_ok_scores(), 47), False, "flat index"),
+    (C.check_punctuation_head, (punct_ok_scores(), (0, 4)), False, "not the highest"),
     (C.check_silencing_prediction, ("lowest",), True, "different layers"),
     (C.check_silencing_prediction, (None,), None, "highest"),
-    (C.check_silencing_prediction, ("highest",), False, "changes the embeddings less"),
+    (C.check_silencing_prediction, ("highest",), "miss", "changes the embeddings less"),
     (C.check_silencing_prediction, ("most",), False, 'must be "highest" or "lowest"'),
+    (C.check_silencing_prediction, (["lowest"],), False, "one string"),
 ]
 CHECKERS = ex.nb09.__all__
 
@@ -328,18 +363,22 @@ CHECKERS = ex.nb09.__all__
 @pytest.mark.parametrize("checker, answers, expected, phrase", CASES, ids=[case_id(c) for c in CASES])
 def test_checker(capsys, checker, answers, expected, phrase):
     result, out = run(capsys, checker, *answers)
-    assert result.passed is expected, out
-    assert result == expected and bool(result) is (expected is True)
+    passed = True if expected == "miss" else expected  # a missed prediction is no mistake ...
+    assert result.passed is passed, out
+    assert result == passed and bool(result) is (passed is True)
     assert result.message == out.rstrip("\n")
     assert phrase in out, out
-    prefix = {True: "correct!", False: "not quite:", None: "not attempted yet"}[expected]
+    prefix = {True: "correct!", False: "not quite:", None: "not attempted yet",
+              "miss": "measured"}[expected]  # ... it prints the measurement and the lesson
     assert out.startswith(prefix), out
+    if expected == "miss":
+        assert "you guessed" in out and "What closes the gap" in out, out
 
 
 def test_every_checker_is_covered_three_ways():
     """Each checker: a correct answer, the stub, and at least two different wrong answers."""
     assert CHECKERS == ["check_replace_prediction", "check_weight_name", "check_punctuation_score", "check_punctuation_guess",
-                        "check_silenced_heads", "check_silencing_prediction", "check_random_sets"]
+                        "check_punctuation_head", "check_silenced_heads", "check_silencing_prediction", "check_random_sets"]
     cases = CASES + [(ex.check_random_sets, None, expected, phrase) for _, expected, phrase in RANDOM_CASES]
     for name in CHECKERS:
         results = [c[2] for c in cases if c[0].__name__ == name]
@@ -393,6 +432,7 @@ def test_prediction_checkers_measure_the_model():
     lengths = mask.sum(1).tolist()
     punct = torch.stack([punct_ok(w[b, :, :, :n, :n], toks[b][:n]) for b, n in enumerate(lengths)])
     assert abs(punct.mean(0).max().item() - m["best head"]) < 1e-5
+    assert divmod(int(punct.mean(0).argmax()), 12) == m["best"] == (3, 11)  # the head CASES names
     share = [sum(not any(c.isalnum() for c in t) for t in toks[b][:n]) / n for b, n in enumerate(lengths)]
     assert abs(np.mean(share) - m["uniform head"]) < 1e-6  # a uniform head scores the share
     cls = torch.stack([w[b, :, :, :n, 0].mean(-1) for b, n in enumerate(lengths)]).mean(0).flatten()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
+import io
 import numbers
 
 import numpy as np
@@ -12,6 +14,7 @@ import torch
 from shared.pretrained import hf_to_ours
 
 from ._core import (
+    CheckResult,
     _arr,
     _call,
     _checker,
@@ -31,6 +34,7 @@ __all__ = [
     "check_weight_name",
     "check_punctuation_score",
     "check_punctuation_guess",
+    "check_punctuation_head",
     "check_silenced_heads",
     "check_silencing_prediction",
     "check_random_sets",
@@ -411,6 +415,8 @@ def _minilm_measurements() -> dict:
     lengths = mask.sum(1).tolist()
     punct = np.mean([_punct_reference(weights[b, :, :, :n, :n], toks[b][:n])
                      for b, n in enumerate(lengths)], axis=0)  # (layer, head)
+    punct_padded = np.mean([_punct_reference(weights[b], toks[b]) for b in range(len(lengths))],
+                           axis=0)  # the mistake: [PAD] queries averaged in
     uniform = np.mean([_punct_reference(np.full((n, n), 1.0 / n), toks[b][:n])
                        for b, n in enumerate(lengths)])
     cls = np.mean([weights[b, :, :, :n, 0].mean(-1) for b, n in enumerate(lengths)], axis=0)
@@ -446,19 +452,57 @@ def _minilm_measurements() -> dict:
               for label, picked in (("highest", order[:10]), ("lowest", order[-10:]))}
     best = int(punct.argmax())
     return {"best head": float(punct.flatten()[best]), "best": divmod(best, num_heads),
+            "punct": punct, "punct padded": punct_padded, "punct first": _punct_reference(
+                weights[0, :, :, :lengths[0], :lengths[0]], toks[0][:lengths[0]]),
             "uniform head": float(uniform), "change": change, "change_of": change_of,
             "named": {"highest": [divmod(i, num_heads) for i in order[:10]],
                       "lowest": [divmod(i, num_heads) for i in order[-10:]]}}
 
 
-_GUESS_TOL = 0.05  # a guess within 0.05 of the measured score counts as right
+class _Missed(Exception):
+    """A committed prediction that the measurement does not bear out; ``args[0]`` is the line to
+    print: the measurement, the guess, and what the gap teaches."""
 
 
-@_checker
+def _prediction_checker(body):
+    """``_checker`` for a prediction. A blank guess is "not attempted yet", a malformed one "not
+    quite" (``_Wrong``), a guess the measurement bears out "correct!". A guess that misses is no
+    mistake: the body raises ``_Missed(line)`` and the check passes (the prediction was made and
+    measured) with ``line``, which starts with "measured:", never with "correct!" or "not
+    quite"."""
+    missed = []
+
+    def guarded(*args, **kwargs):
+        try:
+            return body(*args, **kwargs)
+        except _Missed as e:
+            missed.append(e.args[0])
+            return None
+
+    checked = _checker(guarded)
+
+    @functools.wraps(body)
+    def run(*args, **kwargs) -> CheckResult:
+        missed.clear()
+        with contextlib.redirect_stdout(io.StringIO()):
+            result = checked(*args, **kwargs)
+        message = missed[0] if missed and result.passed else result.message
+        print(message)
+        return CheckResult(result.passed, message)
+
+    return run
+
+
+_GUESS_TOL = 0.05  # a guess within 0.05 of the measured score counts as borne out
+
+
+@_prediction_checker
 def check_punctuation_guess(my_guess):
     """``my_guess``: ``{"best head": x, "uniform head": y}``, predicted punctuation scores (0 to 1)
-    on the six sentences of section 9. Once both are filled in, the checker measures them on the
-    model and prints them next to the guesses; a guess within 0.05 counts as right."""
+    on the six sentences of section 9. Once both are filled in, the checker measures the two
+    scores on the model (without naming the best head: that is the next step) and prints them
+    next to the guesses; a guess within 0.05 is borne out, one further off gets the reasoning
+    that closes the gap."""
     keys = ("best head", "uniform head")
     if not isinstance(my_guess, dict) or set(my_guess) != set(keys):
         raise _Wrong('my_guess must be a dict with the keys "best head" and "uniform head", e.g. '
@@ -471,8 +515,7 @@ def check_punctuation_guess(my_guess):
         if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 <= v <= 1:
             raise _Wrong(f"a score is a number between 0 and 1; got {v!r} for {k!r}")
     m = _minilm_measurements()
-    layer, head = m["best"]
-    shown = (f"measured: best head (layer {layer}, head {head}) {m['best head']:.3f}, uniform head "
+    shown = (f"measured: the best head {m['best head']:.3f}, a uniform head "
              f"{m['uniform head']:.3f}; you guessed {my_guess['best head']:g} and "
              f"{my_guess['uniform head']:g}")
     hints = []
@@ -487,28 +530,87 @@ def check_punctuation_guess(my_guess):
                      "some head does prefer punctuation: the best scores about twice a uniform "
                      "head")
     if hints:
-        raise _Wrong(f"{shown}: " + "; ".join(hints))
-    return (f"{shown}. MiniLM has no strong punctuation head: the best is about twice uniform, "
-            "far from the near-1 scores of section 9.")
+        raise _Missed(f"{shown}. What closes the gap: " + "; ".join(hints) + ". Now find the head.")
+    return (f"{shown}. No strong punctuation head: the best is about twice uniform, far from the "
+            "near-1 scores of section 9. Now find the head.")
 
 
 @_checker
+def check_punctuation_head(punct_scores, best_head=None):
+    """``punct_scores``: ``(6, 12)``, the learner's ``punctuation_score`` on each of the six
+    sentences of section 9 (``weights_s``, ``toks_s``, real tokens only), averaged over them;
+    ``best_head``: the ``(layer, head)`` with the highest score. Graded against the model."""
+    if punct_scores is None:
+        raise _NotAttempted("fill in punct_scores (and best_head); the head is named once they "
+                            "are")
+    m = _minilm_measurements()
+    ref = m["punct"]
+    got = _arr(punct_scores, "punct_scores")
+    if got.ndim == 3:
+        raise _Wrong(f"punct_scores has shape {got.shape}: one (6, 12) map per sentence; average "
+                     "them over the six sentences (dim 0)")
+    _shape(got, ref.shape, "punct_scores", "(layer, head): one score per head")
+    if not _close(got, ref, atol=1e-4):
+        _diagnose(got, [
+            ("the [PAD] queries were averaged in: score each sentence on its n real tokens only "
+             "(weights_s[b, :, :, :n, :n] and toks_s[b][:n], n = mask_s[b].sum())",
+             m["punct padded"]),
+            ("you added the six sentences' scores: average them, so that a score stays between "
+             "0 and 1", 6 * ref),
+            ("that is the first sentence alone: average over all six", m["punct first"]),
+        ], atol=1e-4)
+        raise _Wrong(f"punct_scores differs from the model's by up to {_maxdiff(got, ref)}: "
+                     "punctuation_score on each sentence's real tokens, then the mean over the "
+                     "six sentences")
+    if best_head is None:
+        raise _NotAttempted("punct_scores is right; now write the (layer, head) with the highest "
+                            "score in best_head")
+    num_heads = ref.shape[1]
+    if isinstance(best_head, numbers.Integral) and not isinstance(best_head, bool):
+        raise _Wrong(f"best_head is a flat index ({best_head}): give a (layer, head) pair, "
+                     "divmod(index, 12)")
+    try:
+        layer, head = (int(v) for v in best_head)
+    except (TypeError, ValueError):
+        raise _Wrong(f"best_head must be a (layer, head) pair of integers; got {best_head!r}") \
+            from None
+    best = m["best"]
+    if (layer, head) == best:
+        runner_up = float(np.sort(ref.flatten())[-2])
+        return (f"layer {layer}, head {head} scores {ref[layer, head]:.3f}, the next best "
+                f"{runner_up:.3f}, a uniform head {m['uniform head']:.3f}: about twice "
+                "uniform, far from the [CLS] heads' 0.9. MiniLM has no strong punctuation head.")
+    if (head, layer) == best:
+        raise _Wrong(f"best_head {best_head!r} reads as (head, layer): write (layer, head)")
+    if not (0 <= layer < ref.shape[0] and 0 <= head < num_heads):
+        raise _Wrong(f"best_head {best_head!r} is outside the 6 layers x 12 heads")
+    raise _Wrong(f"layer {layer}, head {head} scores {ref[layer, head]:.3f}, not the highest of "
+                 "punct_scores: take the argmax over all 72 heads "
+                 "(divmod(int(punct_scores.argmax()), 12))")
+
+
+@_prediction_checker
 def check_silencing_prediction(my_prediction):
     """``my_prediction``: ``"highest"`` or ``"lowest"``, which 10 heads (by [CLS] score) change
     the six sentence embeddings more when silenced. Once filled in, the checker measures the
-    mean 1 - cos on the model and prints both next to the guess."""
+    mean 1 - cos on the model and prints both next to the guess (a guess that misses gets the
+    reasoning that closes the gap)."""
     if my_prediction is None:
         raise _NotAttempted('write "highest" or "lowest" in my_prediction; the measurement is '
                             "shown once it is filled in")
+    if not isinstance(my_prediction, str):
+        raise _Wrong(f'my_prediction is one string, "highest" or "lowest"; got '
+                     f"{type(my_prediction).__name__} {my_prediction!r}")
     if my_prediction not in ("highest", "lowest"):
         raise _Wrong(f'my_prediction must be "highest" or "lowest"; got {my_prediction!r}')
     change = _minilm_measurements()["change"]
     shown = (f"measured mean 1 - cos: the 10 highest [CLS] heads silenced {change['highest']:.3f}, "
-             f"the 10 lowest {change['lowest']:.3f}")
+             f"the 10 lowest {change['lowest']:.3f}; you guessed {my_prediction!r}")
     if max(change, key=change.get) != my_prediction:
-        raise _Wrong(f"{shown}: silencing the heads that park their weight on [CLS] changes the "
-                     "embeddings less. Before you conclude, look at the layers the two sets come "
-                     "from")
+        raise _Missed(f"{shown}. What closes the gap: silencing the heads that park their weight "
+                      "on [CLS] changes the embeddings less, as the small [CLS] value vectors of "
+                      "section 9 suggest. Before you conclude, look at the layers the two sets "
+                      "come from.")
     return (f"{shown}. But the two sets come from different layers: before concluding, compare "
             "heads of the same layers, or random sets of 10.")
 

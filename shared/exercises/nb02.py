@@ -402,7 +402,8 @@ def check_recover_permutation(recover_permutation, breaks_it=None):
     chosen = _letters(breaks_it, "breaks_it")
     misjudged = [letter for letter in sorted(_CHANGES) if (letter in chosen) != _CHANGES[letter][0]]
     if misjudged:
-        # The count and a question, never a verdict: flipping letters until it passes teaches nothing.
+        # The count and one question, never a verdict: flipping letters until it passes
+        # teaches nothing.
         letter = misjudged[0]
         raise _Wrong(f"your function works, but {len(misjudged)} of the {len(_CHANGES)} options "
                      f"are misjudged. Think ({letter}) through again: {_CHANGES[letter][1]}")

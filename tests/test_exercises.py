@@ -796,7 +796,7 @@ CASES = [
     (C.check_recover_permutation, (perm_as_floats, "c, d, g, i"), True, OK),
     (C.check_recover_permutation, (perm_ok,), None, "now answer breaks_it"),
     (C.check_recover_permutation, (transfer_stub,), None, NA),
-    (C.check_recover_permutation, (perm_ok, {"c", "g", "i"}), False, "1 of the 9 options are misjudged"),
+    (C.check_recover_permutation, (perm_ok, {"c", "g", "i"}), False, "1 of the 9 options is misjudged"),
     (C.check_recover_permutation, (perm_ok, {"a", "c", "d", "g", "i"}), False, "Think (a) through again"),
     (C.check_recover_permutation, (perm_ok, {"c", "d", "g", "h", "i"}), False, "Think (h) through again"),
     (C.check_recover_permutation, (perm_inverse,), False, "inverse permutation"),

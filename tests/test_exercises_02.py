@@ -245,7 +245,8 @@ def test_breaks_it_answer_key_is_measured():
 def test_breaks_it_hint_counts_and_asks_but_never_gives_a_verdict(capsys, answer, misjudged, first):
     assert ex.check_recover_permutation(perm_ok, answer).passed is False
     out = capsys.readouterr().out
-    assert f"{misjudged} of the 9 options are misjudged" in out, out
+    verb = "is" if misjudged == 1 else "are"
+    assert f"{misjudged} of the 9 options {verb} misjudged" in out, out
     assert f"({first})" in out and nb02._CHANGES[first][1] in out, out  # a question for one of them
     for verdict in ("breaks it too", "does not break it", "breaks it", "does not break"):
         assert verdict not in out, out

@@ -404,9 +404,9 @@ def check_recover_permutation(recover_permutation, breaks_it=None):
     if misjudged:
         # The count and one question, never a verdict: flipping letters until it passes
         # teaches nothing.
-        letter = misjudged[0]
+        letter, verb = misjudged[0], "is" if len(misjudged) == 1 else "are"
         raise _Wrong(f"your function works, but {len(misjudged)} of the {len(_CHANGES)} options "
-                     f"are misjudged. Think ({letter}) through again: {_CHANGES[letter][1]}")
+                     f"{verb} misjudged. Think ({letter}) through again: {_CHANGES[letter][1]}")
     return ("each output depends on its own token and the SET of all tokens, so a shuffle only "
             "reorders the rows; only something tied to positions (a causal mask, a bias by "
             "distance, a mask on fixed positions) or to chance (dropout) breaks that.")

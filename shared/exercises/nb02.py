@@ -315,8 +315,8 @@ def _attention_outputs(X: np.ndarray, W: tuple) -> np.ndarray:
 
 
 # Which changes to the layer (or its input) stop Z_shuffled from being a reordering of Z's rows?
-# The verdict, and a question that points at the reason without spelling it out (the solutions
-# notebook and the "correct!" message give the reasons).
+# The verdict, and a question that points at the reason without spelling it out (the checker
+# prints only the question; the solutions notebook and the "correct!" message give the reasons).
 _CHANGES = {
     "a": (False, "does section 6's argument use any property of W_q, W_k and W_v?"),
     "b": (False, "with a bias, is x W + b still one map applied to each token on its own?"),
@@ -402,11 +402,11 @@ def check_recover_permutation(recover_permutation, breaks_it=None):
     chosen = _letters(breaks_it, "breaks_it")
     misjudged = [letter for letter in sorted(_CHANGES) if (letter in chosen) != _CHANGES[letter][0]]
     if misjudged:
-        letter = misjudged[0]
-        breaks, why = _CHANGES[letter]
-        verdict = "breaks it too" if breaks else "does not break it"
+        # The count and one question, never a verdict: flipping letters until it passes
+        # teaches nothing.
+        letter, verb = misjudged[0], "is" if len(misjudged) == 1 else "are"
         raise _Wrong(f"your function works, but {len(misjudged)} of the {len(_CHANGES)} options "
-                     f"are misjudged. The first: ({letter}) {verdict}; ask yourself: {why}")
+                     f"{verb} misjudged. Think ({letter}) through again: {_CHANGES[letter][1]}")
     return ("each output depends on its own token and the SET of all tokens, so a shuffle only "
             "reorders the rows; only something tied to positions (a causal mask, a bias by "
             "distance, a mask on fixed positions) or to chance (dropout) breaks that.")

@@ -324,8 +324,13 @@ def pad_float(attention_mask, T_new):
 # 8.1's prediction: derived by hand (Tensor.repeat and repeat_interleave differ for 1 < H_kv < H
 # in every pass, and are the same list for H_kv = 1; is_causal=T_new > 1 is top-left = bottom-right
 # for a prefill from an empty cache, T_q = T_k, and no mask is right for one query, so only a
-# chunk after the prefill shows it); measured below with LlamaStyleAttention
-PREDICTED = {"repeat": "prefill", "repeat, H_kv = 1": "never", "mask": "never"}
+# chunk after the prefill shows it, whatever H_kv); measured below with LlamaStyleAttention.
+# Bug A is the higher line in the notebook's buggy_llama_step (Tensor.repeat), bug B the lower.
+LINES = {"bug A": "    K = K_cache.repeat(1, H // H_kv, 1, 1)  # one key head per query head",
+         "bug B": "context = F.scaled_dot_product_attention(Q, K, V, is_causal=T_new > 1)"}
+PREDICTED = {"bug A, H_kv = 2": "prefill", "bug A, H_kv = 1": "never",
+             "bug B, H_kv = 2": "never", "bug B, H_kv = 1": "never"}
+SWAPPED = {"bug A": LINES["bug B"], "bug B": LINES["bug A"]}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -333,16 +338,25 @@ NA, OK = "not attempted yet", "correct!"
 CHECKERS = list(nb08.__all__)
 C = ex
 CASES = [
-    (C.check_llama_step_prediction, (PREDICTED,), True, "1 < H_kv < H"),
-    (C.check_llama_step_prediction, ({**PREDICTED, "mask": None},), None, NA),
-    (C.check_llama_step_prediction, ({**PREDICTED, "mask": "decode"},), False, "a step of one query"),
-    (C.check_llama_step_prediction, ({**PREDICTED, "mask": "prefill"},), False, "(T_q = T_k)"),
-    (C.check_llama_step_prediction, ({**PREDICTED, "repeat": "decode"},), False, "section 4's diagram"),
-    (C.check_llama_step_prediction, ({**PREDICTED, "repeat, H_kv = 1": "prefill"},), False, "only one"),
-    (C.check_llama_step_prediction, ({**PREDICTED, "repeat": "first"},), False, "got 'first'"),
-    (C.check_llama_step_prediction, ({"positions": "decode"},), False, "must be a dict with the keys"),
-    (C.check_llama_step_prediction, ({"repeat": "prefill", "repeat, H_kv = 1": "never"},), False,
-     "must be a dict with the keys"),
+    (C.check_llama_step_prediction, (LINES, PREDICTED), True, "1 < H_kv < H"),
+    (C.check_llama_step_prediction, ({**LINES, "bug A": "V = V_cache.repeat(1, H // H_kv, 1, 1)"}, PREDICTED), True, OK),
+    (C.check_llama_step_prediction, ({"bug A": None, "bug B": None}, PREDICTED), None, "find the two bugs first"),
+    (C.check_llama_step_prediction, (SWAPPED, PREDICTED), False, "in the wrong order"),
+    (C.check_llama_step_prediction, ({**LINES, "bug B": "positions = K_cache.shape[2] + torch.arange(T_new)"},
+                                     PREDICTED), False, "for 'bug B' is not one of the two bugs"),
+    (C.check_llama_step_prediction, ({**LINES, "bug A": "K = K_cache.repeat_interleave(H // H_kv, dim=1)"},
+                                     PREDICTED), False, "looks like a fix"),
+    (C.check_llama_step_prediction, ({**LINES, "bug B": 3}, PREDICTED), False, "as a string"),
+    (C.check_llama_step_prediction, ({"repeat": LINES["bug A"]}, PREDICTED), False, "must be a dict with the keys"),
+    (C.check_llama_step_prediction, (LINES, {**PREDICTED, "bug B, H_kv = 2": None}), None, "both lines found"),
+    (C.check_llama_step_prediction, (LINES, {**PREDICTED, "bug B, H_kv = 2": "decode"}), False, "a step of one query"),
+    (C.check_llama_step_prediction, (LINES, {**PREDICTED, "bug B, H_kv = 2": "prefill"}), False, "(T_q = T_k)"),
+    (C.check_llama_step_prediction, (LINES, {**PREDICTED, "bug B, H_kv = 1": "decode"}), False,
+     "does not depend on the number"),
+    (C.check_llama_step_prediction, (LINES, {**PREDICTED, "bug A, H_kv = 2": "decode"}), False, "section 4's diagram"),
+    (C.check_llama_step_prediction, (LINES, {**PREDICTED, "bug A, H_kv = 1": "prefill"}), False, "only one"),
+    (C.check_llama_step_prediction, (LINES, {**PREDICTED, "bug A, H_kv = 2": "first"}), False, "got 'first'"),
+    (C.check_llama_step_prediction, (LINES, {"repeat": "decode"}), False, "must be a dict with the keys"),
     (C.check_llama_step_fix, (step_ok,), True, "3 decode steps equal the layer"),
     (C.check_llama_step_fix, (step_list,), True, OK),
     (C.check_llama_step_fix, (stub,), None, NA),
@@ -465,9 +479,14 @@ def test_ceiling_prediction_hides_the_answer_when_wrong(capsys):
         ex.check_ceiling_prediction(guess)
         out = capsys.readouterr().out
         assert "32.0" not in out and "31.9" not in out, out
-    ex.check_llama_step_prediction({**PREDICTED, "repeat": "decode"})
+    ex.check_llama_step_prediction(LINES, {**PREDICTED, "bug A, H_kv = 2": "decode"})
     out = capsys.readouterr().out
-    assert "'repeat'" in out and "'mask'" not in out and "measured" not in out, out
+    assert "'bug A, H_kv = 2'" in out and "'bug B" not in out and "measured" not in out, out
+    # before the lines are found, nothing names a bug
+    for lines in ({"bug A": None, "bug B": None}, SWAPPED, {**LINES, "bug A": "x = 1"}):
+        ex.check_llama_step_prediction(lines, PREDICTED)
+        out = capsys.readouterr().out
+        assert not any(word in out for word in ("repeat", "mask", "is_causal", "measured")), out
     # 8.4: a wrong guess gets the reasoning, never the measurement
     for guess in ("positions", "both", "neither"):
         ex.check_padding_prediction(guess)
@@ -610,8 +629,9 @@ def test_predictions_hold_for_the_torch_layer():
     torch.manual_seed(1)
     x = torch.randn(1, 7, 32, dtype=torch.float64)
     passes = ((0, 4), (4, 5), (5, 6), (6, 7))
-    for key, (step, H_kv) in {"repeat": (_step(heads="repeat"), 2), "repeat, H_kv = 1": (_step(heads="repeat"), 1),
-                              "mask": (_step(mask="is_causal_if_many"), 2)}.items():
+    for key, (step, H_kv) in {"bug A, H_kv = 2": (_step(heads="repeat"), 2), "bug A, H_kv = 1": (_step(heads="repeat"), 1),
+                              "bug B, H_kv = 2": (_step(mask="is_causal_if_many"), 2),
+                              "bug B, H_kv = 1": (_step(mask="is_causal_if_many"), 1)}.items():
         layer = LlamaStyleAttention(32, num_heads=8, num_kv_heads=H_kv).double().eval()
         Kc = Vc = torch.zeros(1, H_kv, 0, 4, dtype=torch.float64)
         outs = []

@@ -131,21 +131,59 @@ def _step_cases():
     return cases
 
 
-# The prediction, graded before the fix: for each planted bug alone, the first pass whose outputs
-# differ from the layer on the whole sequence (a prefill of 4 tokens, then 3 decode steps).
-_PREDICT_TESTS = {"repeat": ({"heads": "cycle"}, 2), "repeat, H_kv = 1": ({"heads": "cycle"}, 1),
-                  "mask": ({"mask": "chunk"}, 2)}  # (the bug, H_kv); H = 8
+# The prediction, graded before the fix. First the learner names the two buggy lines (bug A: the
+# higher one in buggy_llama_step, Tensor.repeat; bug B: the lower one, is_causal=T_new > 1); then,
+# for each bug alone and each H_kv, the first pass whose outputs differ from the layer on the whole
+# sequence (a prefill of 4 tokens, then 3 decode steps). The keys name neither bug.
+_PREDICT_TESTS = {"bug A, H_kv = 2": ({"heads": "cycle"}, 2),
+                  "bug A, H_kv = 1": ({"heads": "cycle"}, 1),
+                  "bug B, H_kv = 2": ({"mask": "chunk"}, 2),
+                  "bug B, H_kv = 1": ({"mask": "chunk"}, 1)}
 _PREDICT_CHOICES = ("prefill", "decode", "never")
+_MASK_HINT = ("compare what is_causal=True lets each query see with the bottom-right mask of "
+              "section 2, in the two kinds of pass of this run: a prefill from an empty cache "
+              "(T_q = T_k) and a step of one query")
 _PREDICT_HINTS = {
-    "mask": "compare what is_causal=True lets each query see with the bottom-right mask of "
-            "section 2, in the two kinds of pass of this run: a prefill from an empty cache "
-            "(T_q = T_k) and a step of one query",
-    "repeat": "write out which key/value head each of the 8 query heads reads with "
-              "Tensor.repeat and with repeat_interleave when H_kv = 2 (section 4's diagram); the "
-              "queries of a prefill read the keys too",
-    "repeat, H_kv = 1": "write out the list of key/value heads that Tensor.repeat and "
-                        "repeat_interleave give the 8 query heads when there is only one",
+    "bug A, H_kv = 2": "write out which key/value head each of the 8 query heads reads with "
+                       "Tensor.repeat and with repeat_interleave when H_kv = 2 (section 4's "
+                       "diagram); the queries of a prefill read the keys too",
+    "bug A, H_kv = 1": "write out the list of key/value heads that Tensor.repeat and "
+                       "repeat_interleave give the 8 query heads when there is only one",
+    "bug B, H_kv = 2": _MASK_HINT,
+    "bug B, H_kv = 1": _MASK_HINT + "; the mask does not depend on the number of key/value heads",
 }
+_BUG_MARKS = {"bug A": ".repeat(", "bug B": "is_causal"}  # what each buggy line holds (no spaces)
+_FIXES = ("repeat_interleave", "repeat_kv", "enable_gqa", "causal_mask", "attn_mask")
+
+
+def _check_bug_lines(bug_lines) -> None:
+    """``bug_lines``: {"bug A": a line of the higher bug, "bug B": a line of the lower one}, pasted
+    from ``buggy_llama_step``. Raises _NotAttempted or _Wrong; the hints never quote a line."""
+    if not isinstance(bug_lines, dict) or set(bug_lines) != set(_BUG_MARKS):
+        raise _Wrong(f"bug_lines must be a dict with the keys {list(_BUG_MARKS)}; "
+                     f"got {bug_lines!r}")
+    if any(v is None for v in bug_lines.values()):
+        raise _NotAttempted("find the two bugs first: paste a line of each into bug_lines (bug A "
+                            "is the higher one in buggy_llama_step, bug B the lower one)")
+    code = {}
+    for key, line in bug_lines.items():
+        if not isinstance(line, str):
+            raise _Wrong(f"bug_lines[{key!r}] should be a line of buggy_llama_step, as a string; "
+                         f"got {type(line).__name__}")
+        code[key] = "".join(line.split("#", 1)[0].split())  # the code without comment or spaces
+    for key, line in code.items():
+        if any(fix in line for fix in _FIXES):
+            raise _Wrong(f"bug_lines[{key!r}] looks like a fix: paste the line as it stands in "
+                         "buggy_llama_step")
+    if _BUG_MARKS["bug B"] in code["bug A"] and _BUG_MARKS["bug A"] in code["bug B"]:
+        raise _Wrong("you found both lines, in the wrong order: bug A is the higher of the two "
+                     "in buggy_llama_step")
+    off = [key for key in _BUG_MARKS if _BUG_MARKS[key] not in code[key]]
+    if off:
+        raise _Wrong(f"the line you gave for {' and '.join(map(repr, off))} is not one of the two "
+                     "bugs (bug A is the higher one): ask of each line what changes in a pass "
+                     "the author never tested, a chunk of several tokens after the prefill, with "
+                     "1 < H_kv < H")
 
 
 def _first_wrong_pass(bug: dict, H_kv: int, H: int = 8) -> str:
@@ -165,19 +203,20 @@ def _first_wrong_pass(bug: dict, H_kv: int, H: int = 8) -> str:
 
 
 @_checker
-def check_llama_step_prediction(first_wrong):
-    """``first_wrong``: for each bug of ``buggy_llama_step`` alone, ``"prefill"``, ``"decode"`` or
-    ``"never"``: the first pass whose outputs differ from the layer on the whole sequence, for
-    H = 8 query heads (``"repeat"``, ``"mask"``: H_kv = 2; ``"repeat, H_kv = 1"``), a
-    prefill of 4 tokens then 3 decode steps. The checker measures it itself, once all three
-    guesses are in."""
+def check_llama_step_prediction(bug_lines, first_wrong):
+    """``bug_lines``: ``{"bug A": ..., "bug B": ...}``, a line of each bug of ``buggy_llama_step``
+    pasted as a string (bug A the higher one). ``first_wrong``: for each bug alone and H_kv = 2 or
+    1 (H = 8 query heads, a prefill of 4 tokens then 3 decode steps), ``"prefill"``, ``"decode"``
+    or ``"never"``: the first pass whose outputs differ from the layer on the whole sequence. The
+    lines are checked first; the checker measures the passes itself, once every guess is in."""
+    _check_bug_lines(bug_lines)
     keys = tuple(_PREDICT_TESTS)
     if not isinstance(first_wrong, dict) or set(first_wrong) != set(keys):
         raise _Wrong(f"first_wrong must be a dict with the keys {list(keys)}; got {first_wrong!r}")
     if any(v is None for v in first_wrong.values()):
-        raise _NotAttempted("write \"prefill\", \"decode\" or \"never\" for each bug in "
-                            "first_wrong; the checker measures it, and shows the measurement "
-                            "once all three are right")
+        raise _NotAttempted("both lines found; now write \"prefill\", \"decode\" or \"never\" for "
+                            "each entry of first_wrong; the checker measures it, and shows the "
+                            "measurement once all four are right")
     for key, guess in first_wrong.items():
         if guess not in _PREDICT_CHOICES:
             raise _Wrong(f"write \"prefill\", \"decode\" or \"never\" for {key!r}; got {guess!r}")
@@ -186,7 +225,7 @@ def check_llama_step_prediction(first_wrong):
     off = [key for key in keys if first_wrong[key] != measured[key]]
     if off:  # name only the wrong guesses and why, not the measured answers
         verb = "is" if len(off) == 1 else "are"
-        raise _Wrong(f"your guess for {', '.join(map(repr, off))} {verb} off: "
+        raise _Wrong(f"the lines are right; your guess for {', '.join(map(repr, off))} {verb} off: "
                      + "; ".join(_PREDICT_HINTS[key] for key in off))
     return (f"measured: {shown}. A test of a cached step needs a pass of several tokens after "
             "the prefill (a chunk) and 1 < H_kv < H: the author's test (one pass, H_kv = H) had "

@@ -53,8 +53,7 @@ def attention_weights(Q: torch.Tensor, K: torch.Tensor, causal: bool = False,
 
     Returns:
         weights ``(..., T_q, T_k)``; each row sums to 1, except a query that may attend to
-        nothing, whose row is all zeros (not NaN). Only such rows are zeroed: a NaN arriving in
-        ``Q`` or ``K`` for a query that may attend to something stays NaN.
+        nothing, whose row is all zeros (not NaN).
     """
     scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])  # (..., T_q, T_k)
     allowed = mask
@@ -62,11 +61,9 @@ def attention_weights(Q: torch.Tensor, K: torch.Tensor, causal: bool = False,
         T_q, T_k = scores.shape[-2:]
         tri = torch.ones(T_q, T_k, dtype=torch.bool, device=scores.device).tril()
         allowed = tri if allowed is None else allowed & tri
-    if allowed is None:
-        return torch.softmax(scores, dim=-1)
-    weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
-    # row-wise guard: zero only the rows that may see nothing; a NaN from upstream stays visible
-    return torch.where(allowed.any(dim=-1, keepdim=True), weights, 0.0)
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    return torch.softmax(scores, dim=-1).nan_to_num(0.0)  # fully masked rows: 0, not NaN
 
 
 def naive_attention(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, causal: bool = False,

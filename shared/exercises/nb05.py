@@ -337,7 +337,7 @@ def check_training_peak(training_peak_bound):
     Temporaries inside a backward formula are not part of the bound (the notebook measures them)."""
     if training_peak_bound is None:
         raise _NotAttempted("write your bound in training_peak_bound (a number of score "
-                            "matrices); the measurement is shown once it is right")
+                            "matrices); the measurement is shown once it is filled in")
     pred = _number(training_peak_bound, "the number of score matrices")
     if pred < 0:
         raise _Wrong("memory is not negative: count the T x T tensors alive together")

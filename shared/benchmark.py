@@ -117,9 +117,9 @@ def time_fn(fn: Callable[[], object], device="cpu", min_run_time: float = 0.2) -
     return _measurement(fn, device, min_run_time).median
 
 
-def _measurement(fn: Callable[[], object], device="cpu", min_run_time: float = 0.2):
+def _measurement(fn: Callable[[], object], device="cpu", min_run_time: float = 0.2, clock=None):
     """The ``torch.utils.benchmark.Measurement`` behind :func:`time_fn` (``.times``: seconds per
-    call of each block)."""
+    call of each block); ``clock`` replaces the Timer's clock (CPU only)."""
     _check_callable(fn)
     if min_run_time <= 0:
         raise ValueError(f"min_run_time must be positive; got {min_run_time}")
@@ -133,6 +133,11 @@ def _measurement(fn: Callable[[], object], device="cpu", min_run_time: float = 0
             return timeit.default_timer()
 
         kwargs["timer"] = synchronised_clock
+    if clock is not None:
+        if device.type != "cpu":
+            raise ValueError(f"a custom clock is for CPU timings only (a GPU needs a synchronising "
+                             f"one); got device {device.type!r}")
+        kwargs["timer"] = clock
     fn()  # warm-up outside the measurement (first calls allocate and pick kernels)
     synchronize(device)
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads(),
@@ -166,10 +171,14 @@ def interleaved_medians(fns: dict[str, Callable[[], object]], device="cpu", roun
 
 
 def interleaved_best(fns: dict[str, Callable[[], object]], device="cpu", rounds: int = 3,
-                     min_run_time: float = 0.2) -> dict[str, float]:
+                     min_run_time: float = 0.2, clock=None) -> dict[str, float]:
     """``{name: seconds per call of its fastest block}``, every candidate timed once per round, in
     turns, ``rounds`` times. A busy neighbour only ever adds time, so the fastest block is the
-    figure it disturbed least; on a quiet machine it is close to the median."""
+    figure it disturbed least; on a quiet machine it is close to the median.
+
+    ``clock`` (CPU only) replaces the Timer's wall clock, e.g. ``time.process_time``: with one
+    torch thread, the CPU time this process used, which leaves out the time the operating system
+    gave the core to other processes (with several threads it would add theirs up)."""
     if not fns:
         raise ValueError("fns must name at least one function to time")
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
@@ -177,7 +186,7 @@ def interleaved_best(fns: dict[str, Callable[[], object]], device="cpu", rounds:
     best = {name: math.inf for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            best[name] = min(best[name], min(_measurement(fn, device, min_run_time).times))
+            best[name] = min(best[name], min(_measurement(fn, device, min_run_time, clock).times))
     return best
 
 

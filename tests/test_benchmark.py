@@ -101,6 +101,12 @@ def test_interleaved_best_keeps_the_fastest_block_and_ignores_a_disturbed_call()
     times = interleaved_best({"fast": fast, "slow": lambda: time.sleep(0.004)}, rounds=2, min_run_time=0.02)
     assert list(times) == ["fast", "slow"]
     assert 0.0009 < times["fast"] < 0.003 < 0.0039 < times["slow"] < 0.02
+    busy = interleaved_best({"sleep": lambda: time.sleep(0.002), "work": lambda: sum(range(20_000))},
+                            rounds=1, min_run_time=0.01, clock=time.process_time)
+    assert busy["sleep"] < 0.001 < 0.002  # CPU time: a sleeping process uses (almost) none
+    assert busy["work"] > 0
+    with pytest.raises(ValueError, match="CPU timings only"):
+        interleaved_best({"f": lambda: None}, device="cuda", clock=time.process_time)
     with pytest.raises(ValueError, match="rounds must be a positive integer"):
         interleaved_best({"f": lambda: None}, rounds=0)
     with pytest.raises(ValueError, match="at least one"):

@@ -5,7 +5,8 @@ Used by notebook 05 and by ``make bench`` (``tools/bench.py``). Every time in th
 ``torch.utils.benchmark`` (warm-up, synchronisation of CUDA kernels, repeated blocks, median) and
 runs with the number of threads PyTorch itself uses (``torch.get_num_threads()``; the Timer's own
 default would be one thread). :func:`interleaved_medians` runs several candidates in turns so a
-noisy, shared machine slows all of them alike, and quotes the median over the rounds.
+noisy, shared machine slows all of them alike, and quotes the median over the rounds;
+:func:`interleaved_best` quotes the fastest block instead (a busy neighbour only ever adds time).
 :class:`SimulatedGPU` is a pretend asynchronous device with a virtual clock, for showing (and
 checking) what synchronisation changes on a machine without a GPU.
 """
@@ -13,6 +14,7 @@ checking) what synchronisation changes on a machine without a GPU.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import platform
 import statistics
@@ -31,6 +33,7 @@ __all__ = [
     "time_fn",
     "interleaved_times",
     "interleaved_medians",
+    "interleaved_best",
     "attention_flops",
     "gflops",
     "matmul_gflops",
@@ -111,6 +114,12 @@ def time_fn(fn: Callable[[], object], device="cpu", min_run_time: float = 0.2) -
     do not. The Timer runs ``fn`` with ``num_threads=torch.get_num_threads()``, the threads
     PyTorch uses outside the timer (its own default, one thread, would make every CPU figure
     single-threaded)."""
+    return _measurement(fn, device, min_run_time).median
+
+
+def _measurement(fn: Callable[[], object], device="cpu", min_run_time: float = 0.2, clock=None):
+    """The ``torch.utils.benchmark.Measurement`` behind :func:`time_fn` (``.times``: seconds per
+    call of each block); ``clock`` replaces the Timer's clock (CPU only)."""
     _check_callable(fn)
     if min_run_time <= 0:
         raise ValueError(f"min_run_time must be positive; got {min_run_time}")
@@ -124,11 +133,16 @@ def time_fn(fn: Callable[[], object], device="cpu", min_run_time: float = 0.2) -
             return timeit.default_timer()
 
         kwargs["timer"] = synchronised_clock
+    if clock is not None:
+        if device.type != "cpu":
+            raise ValueError(f"a custom clock is for CPU timings only (a GPU needs a synchronising "
+                             f"one); got device {device.type!r}")
+        kwargs["timer"] = clock
     fn()  # warm-up outside the measurement (first calls allocate and pick kernels)
     synchronize(device)
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads(),
                             **kwargs)
-    return timer.blocked_autorange(min_run_time=min_run_time).median
+    return timer.blocked_autorange(min_run_time=min_run_time)
 
 
 def interleaved_times(fns: dict[str, Callable[[], object]], device="cpu", rounds: int = 3,
@@ -154,6 +168,26 @@ def interleaved_medians(fns: dict[str, Callable[[], object]], device="cpu", roun
     median discards the rounds a neighbour disturbed most."""
     times = interleaved_times(fns, device, rounds, min_run_time)
     return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def interleaved_best(fns: dict[str, Callable[[], object]], device="cpu", rounds: int = 3,
+                     min_run_time: float = 0.2, clock=None) -> dict[str, float]:
+    """``{name: seconds per call of its fastest block}``, every candidate timed once per round, in
+    turns, ``rounds`` times. A busy neighbour only ever adds time, so the fastest block is the
+    figure it disturbed least; on a quiet machine it is close to the median.
+
+    ``clock`` (CPU only) replaces the Timer's wall clock, e.g. ``time.process_time``: with one
+    torch thread, the CPU time this process used, which leaves out the time the operating system
+    gave the core to other processes (with several threads it would add theirs up)."""
+    if not fns:
+        raise ValueError("fns must name at least one function to time")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be a positive integer; got {rounds!r}")
+    best = {name: math.inf for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            best[name] = min(best[name], min(_measurement(fn, device, min_run_time, clock).times))
+    return best
 
 
 def attention_flops(B: int, H: int, T_q: int, T_k: int, head_dim: int, causal: bool = False) -> int:

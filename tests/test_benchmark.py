@@ -18,6 +18,7 @@ from shared.benchmark import (
     dtype_works,
     fits_in_memory,
     gflops,
+    interleaved_best,
     interleaved_medians,
     is_out_of_memory,
     machine_info,
@@ -86,6 +87,30 @@ def test_time_fn_rejects_bad_input():
         time_fn(3)
     with pytest.raises(ValueError, match="min_run_time must be positive"):
         time_fn(lambda: None, min_run_time=0)
+
+
+def test_interleaved_best_keeps_the_fastest_block_and_ignores_a_disturbed_call():
+    """Sleeps of 1 ms and 4 ms, the fast one disturbed (30 ms) on every third call: the fastest
+    block is still about 1 ms, where a median over blocks of one call each could be pulled up."""
+    calls = []
+
+    def fast():
+        calls.append(1)
+        time.sleep(0.03 if len(calls) % 3 == 0 else 0.001)
+
+    times = interleaved_best({"fast": fast, "slow": lambda: time.sleep(0.004)}, rounds=2, min_run_time=0.02)
+    assert list(times) == ["fast", "slow"]
+    assert 0.0009 < times["fast"] < 0.003 < 0.0039 < times["slow"] < 0.02
+    busy = interleaved_best({"sleep": lambda: time.sleep(0.002), "work": lambda: sum(range(20_000))},
+                            rounds=1, min_run_time=0.01, clock=time.process_time)
+    assert busy["sleep"] < 0.001 < 0.002  # CPU time: a sleeping process uses (almost) none
+    assert busy["work"] > 0
+    with pytest.raises(ValueError, match="CPU timings only"):
+        interleaved_best({"f": lambda: None}, device="cuda", clock=time.process_time)
+    with pytest.raises(ValueError, match="rounds must be a positive integer"):
+        interleaved_best({"f": lambda: None}, rounds=0)
+    with pytest.raises(ValueError, match="at least one"):
+        interleaved_best({})
 
 
 def test_interleaved_medians_orders_a_fast_and_a_slow_function():

@@ -214,9 +214,10 @@ def merge_one_max(m1, l1, acc1, m2, l2, acc2):
 
 
 # 5.3 ------------------------------------------------------------------------------------------
-# predictions of the limit of naive attention's forward + backward peak, in score matrices
-PEAK_RIGHT, PEAK_ROUND_FOUR, PEAK_HIGH_END = 4.25, 4, 4.5
-PEAK_SAVED_ONLY, PEAK_FORWARD, PEAK_SAVED_PLUS_TWO_GRADS_PLUS_SCORES = 2, 3, 6
+# the graph's lower bound on naive attention's forward + backward peak, in score matrices:
+# P (saved for softmax's backward) + the gradient arriving + the gradient leaving, at every step
+PEAK_BOUND, PEAK_SAVED_ONLY, PEAK_ONE_GRADIENT = 3, 1, 2
+PEAK_WITH_SCORES, PEAK_MEASURED_HERE, PEAK_WITH_D_OVER_T = 4, 4.25, 3.125
 
 
 # 5.4 ------------------------------------------------------------------------------------------
@@ -323,47 +324,60 @@ def head_as_float(sram_kib, dtype):
 
 
 # 5.5 ------------------------------------------------------------------------------------------
-def tiled_ok(B, H, head_dim, block_size, dtype):
-    tile, matrices, columns = block_size**2, 2 * block_size * head_dim, 2 * block_size
-    return B * H * (tile + matrices + columns) * dtype.itemsize
+def budget_ok(T, max_tiles):  # k = floor(sqrt(max_tiles)) blocks per side, the last one partial
+    k = math.isqrt(max_tiles)
+    return -(-T // k)
 
 
-def tiled_no_tile(B, H, head_dim, block_size, dtype):
-    return B * H * (2 * block_size * head_dim + 2 * block_size) * dtype.itemsize
+def budget_loop(T, max_tiles):  # the smallest b whose tiles fit, found by trying
+    b = 1
+    while math.ceil(T / b) ** 2 > max_tiles:
+        b += 1
+    return b
 
 
-def tiled_one_matrix(B, H, head_dim, block_size, dtype):
-    return B * H * (block_size**2 + block_size * head_dim + 2 * block_size) * dtype.itemsize
+def budget_one_tile(T, max_tiles):
+    return T
 
 
-def tiled_no_columns(B, H, head_dim, block_size, dtype):
-    return B * H * (block_size**2 + 2 * block_size * head_dim) * dtype.itemsize
+def budget_blocks_per_side(T, max_tiles):
+    return math.isqrt(max_tiles)
 
 
-def tiled_no_batch_heads(B, H, head_dim, block_size, dtype):
-    return tiled_ok(1, 1, head_dim, block_size, dtype)
+def budget_not_squared(T, max_tiles):  # tiles counted as ceil(T / b)
+    return math.ceil(T / max_tiles)
 
 
-def tiled_elements(B, H, head_dim, block_size, dtype):
-    return tiled_ok(B, H, head_dim, block_size, dtype) // dtype.itemsize
+def budget_float_sqrt(T, max_tiles):
+    return math.ceil(T / math.sqrt(max_tiles))
 
 
-def tiled_four_bytes(B, H, head_dim, block_size, dtype):
-    return tiled_ok(B, H, head_dim, block_size, torch.float32)
+def budget_floor(T, max_tiles):
+    return T // math.isqrt(max_tiles)
 
 
-def tiled_mib(B, H, head_dim, block_size, dtype):
-    return tiled_ok(B, H, head_dim, block_size, dtype) / 2**20
+def budget_power_of_two(T, max_tiles):  # fits, but not the smallest
+    return 1 << (budget_ok(T, max_tiles) - 1).bit_length()
 
 
-def tiled_square_of_d(B, H, head_dim, block_size, dtype):  # a d x d tile: a mistake with no hint
-    return B * H * (head_dim**2 + 2 * block_size * head_dim + 2 * block_size) * dtype.itemsize
+def budget_float(T, max_tiles):
+    return T / math.isqrt(max_tiles)
 
 
 NA, OK = "not attempted yet", "correct!"
 C = ex
 CASES = [
-    # 5.1
+    # 5.1 the prediction (13 launches of 5 us, divided by 10)
+    (C.check_buggy_timing_prediction, 0.0065, True, "13 launches"),
+    (C.check_buggy_timing_prediction, 0.0064, True, OK),
+    (C.check_buggy_timing_prediction, None, None, NA),
+    (C.check_buggy_timing_prediction, 2, False, "never reaches the clock"),
+    (C.check_buggy_timing_prediction, 7.4, False, "never reaches the clock"),  # (50 + 12 * 2) / 10
+    (C.check_buggy_timing_prediction, 6.5, False, "microseconds"),
+    (C.check_buggy_timing_prediction, 0.005, False, "what it divides by"),
+    (C.check_buggy_timing_prediction, 0.05, False, "count the launches"),
+    (C.check_buggy_timing_prediction, "0.0065", False, "not a string"),
+    # 5.1 the fix
     (C.check_time_call, time_ok, True, "2.00 ms per call"),
     (C.check_time_call, time_median_per_call, True, OK),
     (C.check_time_call, stub, None, NA),
@@ -395,17 +409,18 @@ CASES = [
     (C.check_merge_partials, merge_average_outputs, False, "averaged the two parts' outputs"),
     (C.check_merge_partials, merge_in_place, False, "changed its input acc1 in place"),
     (C.check_merge_partials, merge_one_max, False, "m is per query row"),
-    # 5.3 (the checker measures the limit itself, on the CPU)
-    (C.check_training_peak, PEAK_RIGHT, True, "against 3 at the forward peak"),
-    (C.check_training_peak, PEAK_ROUND_FOUR, True, OK),
-    (C.check_training_peak, PEAK_HIGH_END, True, OK),
+    # 5.3 (a lower bound from the graph; the notebook then measures the real peak)
+    (C.check_training_peak, PEAK_BOUND, True, "Now measure"),
+    (C.check_training_peak, 3.0, True, OK),
     (C.check_training_peak, None, None, NA),
-    (C.check_training_peak, PEAK_SAVED_ONLY, False, "the saved tensors are not the peak"),
-    (C.check_training_peak, PEAK_FORWARD, False, "grad * isfinite(P)"),
-    (C.check_training_peak, 3.5, False, "makes its own temporaries"),
-    (C.check_training_peak, PEAK_SAVED_PLUS_TWO_GRADS_PLUS_SCORES, False, "scaled scores are never saved"),
-    (C.check_training_peak, 1000, False, "does not keep growing with T"),
-    (C.check_training_peak, "4.25", False, "not a string"),
+    (C.check_training_peak, PEAK_SAVED_ONLY, False, "gradient it receives"),
+    (C.check_training_peak, PEAK_ONE_GRADIENT, False, "you left one tensor out"),
+    (C.check_training_peak, PEAK_WITH_SCORES, False, "scaled scores are never saved"),
+    (C.check_training_peak, PEAK_MEASURED_HERE, False, "whole T x T tensors"),
+    (C.check_training_peak, PEAK_WITH_D_OVER_T, False, "vanish as T grows"),
+    (C.check_training_peak, 0, False, "all T x T"),
+    (C.check_training_peak, 1000, False, "does not grow"),
+    (C.check_training_peak, "3", False, "not a string"),
     (C.check_training_peak, -1, False, "not negative"),
     # 5.4
     (C.check_flash_block_sizes, blocks_ok, True, "B and H never enter"),
@@ -430,16 +445,16 @@ CASES = [
     (C.check_largest_head_dim, head_sqrt, False, "more than M = 116,224"),
     (C.check_largest_head_dim, head_as_float, False, "whole number"),
     # 5.5
-    (C.check_tiled_extra_bytes, tiled_ok, True, "nothing in it grows with T"),
-    (C.check_tiled_extra_bytes, stub, None, NA),
-    (C.check_tiled_extra_bytes, tiled_no_tile, False, "left out the tile of scores"),
-    (C.check_tiled_extra_bytes, tiled_one_matrix, False, "two block x head_dim matrices"),
-    (C.check_tiled_extra_bytes, tiled_no_columns, False, "two columns of length block"),
-    (C.check_tiled_extra_bytes, tiled_no_batch_heads, False, "multiply by B * H"),
-    (C.check_tiled_extra_bytes, tiled_elements, False, "you counted elements"),
-    (C.check_tiled_extra_bytes, tiled_four_bytes, False, "you used 4 for every dtype"),
-    (C.check_tiled_extra_bytes, tiled_mib, False, "not MiB"),
-    (C.check_tiled_extra_bytes, tiled_square_of_d, False, "expected 399,360 bytes"),
+    (C.check_block_for_budget, budget_ok, True, "smallest block within the budget"),
+    (C.check_block_for_budget, budget_loop, True, OK),
+    (C.check_block_for_budget, stub, None, NA),
+    (C.check_block_for_budget, budget_one_tile, False, "b = T (one tile)"),
+    (C.check_block_for_budget, budget_blocks_per_side, False, "number of blocks per side"),
+    (C.check_block_for_budget, budget_not_squared, False, "ceil(T / b)^2 tiles"),
+    (C.check_block_for_budget, budget_float_sqrt, False, "not sqrt(50)"),
+    (C.check_block_for_budget, budget_floor, False, "round T / k up"),
+    (C.check_block_for_budget, budget_power_of_two, False, "a smaller block fits too"),
+    (C.check_block_for_budget, budget_float, False, "whole number of tokens"),
 ]
 
 
@@ -467,7 +482,7 @@ def test_every_checker_is_covered():
 
 
 def test_checkers_never_raise_on_odd_answers(capsys):
-    odd = [None, 3, "text", lambda *a, **k: "text", lambda *a, **k: object(),
+    odd = [None, 7, "text", lambda *a, **k: "text", lambda *a, **k: object(),
            lambda *a, **k: (1, 2), lambda *a, **k: np.zeros(0)]
     for name in nb05.__all__:
         for answer in odd:
@@ -501,15 +516,13 @@ def test_hidden_merge_cases_make_the_mistakes_differ():
     assert all(np.isinf(c[0][0]).any() or np.isinf(c[1][0]).any() for c in cases[1:])
 
 
-def test_training_peak_by_hand():
-    """Counted by hand from the autograd graph of shared.modules.naive_attention: at the worst
-    moment (NanToNumBackward0, grad * isfinite(P)) four float32 T x T tensors are alive (P,
-    saved for softmax's backward; the gradient arriving from P @ V; isfinite(P) promoted to
-    float; the product) plus the bool mask (1 byte per element: a quarter), plus the (B, H, T, d)
-    gradient of V: d / T of a score matrix. The checker's limit drops the d / T term."""
-    for T, d in ((64, 16), (128, 8)):
-        assert nb05._training_peak_ratio(T, d=d) == pytest.approx(4.25 + d / T, abs=2e-3)
-    assert nb05._training_peak_limit() == pytest.approx(4.25, abs=2e-3)
+def test_training_peak_measured_above_the_bound():
+    """The graph's bound is 3 score matrices; what PyTorch really holds is more (temporaries
+    inside a backward formula, version-dependent), but never less, and it settles as T grows
+    (the (B, H, T, d) part is d / T of a score matrix)."""
+    r64, r128 = nb05._training_peak_ratio(64, d=16), nb05._training_peak_ratio(128, d=8)
+    assert r64 >= 3 + 16 / 64 - 1e-9 and r128 >= 3 + 8 / 128 - 1e-9
+    assert 3 <= nb05._training_peak_limit() < 6
 
 
 def test_naive_attention_saves_two_square_tensors():
@@ -551,13 +564,19 @@ def test_flash_block_sizes_by_hand():
     assert blocks_ok(48, 96, torch.float32) == (32, 32)  # 12,288 / 384 = 32
 
 
-def test_tiled_extra_bytes_by_hand_and_by_measurement():
-    """B=1, H=8, d=64, block 128, float32: 8 * (128^2 + 2*128*64 + 2*128) * 4 = 1,056,768 bytes.
-    PyTorch's allocations, measured, are within 5 % of it (a few temporary columns more)."""
+def test_block_for_budget_by_hand():
+    """T = 1000, 50 tiles: 7 blocks per side (49 <= 50 < 64), b = ceil(1000 / 7) = 143; b = 142
+    would need ceil(1000 / 142) = 8 per side. T = 257, 16 tiles: b = 65 (4 blocks), 64 needs 5."""
+    assert budget_ok(1000, 50) == budget_loop(1000, 50) == 143
+    assert budget_ok(257, 16) == budget_loop(257, 16) == 65
+    assert [budget_ok(*c) for c in nb05._BUDGET_CASES] == [143, 65, 156, 512, 100, 100, 1]
+
+
+def test_tiled_attention_memory_grows_with_the_block():
+    """Why the smallest block wins: tiled_attention's measured extra memory grows with b."""
     from shared.benchmark import peak_memory
     from shared.flash import tiled_attention
 
-    assert tiled_ok(1, 8, 64, 128, torch.float32) == 1_056_768
-    Q, K, V = (torch.randn(1, 8, 512, 64) for _ in range(3))
-    extra = peak_memory(lambda: tiled_attention(Q, K, V, block_size=128), "cpu") - 8 * 512 * 64 * 4
-    assert 1.0 <= extra / 1_056_768 < 1.05
+    Q, K, V = (torch.randn(1, 2, 256, 16) for _ in range(3))
+    extra = [peak_memory(lambda b=b: tiled_attention(Q, K, V, block_size=b), "cpu") for b in (32, 64, 128)]
+    assert extra[0] < extra[1] < extra[2]

@@ -1,11 +1,11 @@
 """Exercise checkers for notebook 05 Attention on the GPU (PyTorch).
 
-5.1 fix a timing loop (judged from a simulated GPU's event log, ``shared.benchmark.SimulatedGPU``);
-5.2 merge two partial online-softmax states (split-K, as Flash-Decoding does); 5.3 predict the
-forward + backward peak of naive attention in score matrices (the checker measures it); 5.4
-FlashAttention's block sizes from an SRAM budget, and the largest head size whose tiles, score
-tile included, fit; 5.5 the tiled version's extra memory predicted from its description (then
-measured in the notebook).
+5.1 predict what a buggy timing loop reports, then fix it (judged from a simulated GPU's event
+log, ``shared.benchmark.SimulatedGPU``); 5.2 merge two partial online-softmax states (split-K, as
+Flash-Decoding does); 5.3 the graph's lower bound on naive attention's forward + backward peak, in
+score matrices (the notebook then measures the real peak); 5.4 FlashAttention's block sizes from an
+SRAM budget, and the largest head size whose tiles, score tile included, fit; 5.5 the block size
+of least memory within a budget of tiles.
 
 References are computed before the learner's code runs; answers computed in float32 are accepted
 (float32 tolerances); numbers must be numbers (text that reads as one is rejected).
@@ -33,12 +33,13 @@ from ._core import (
 )
 
 __all__ = [
+    "check_buggy_timing_prediction",
     "check_time_call",
     "check_merge_partials",
     "check_training_peak",
     "check_flash_block_sizes",
     "check_largest_head_dim",
-    "check_tiled_extra_bytes",
+    "check_block_for_budget",
 ]
 
 ATOL, RTOL = 1e-5, 1e-4  # float32's tolerances: a float32 answer to a float64 question passes
@@ -109,6 +110,44 @@ def _timing_procedure(gpu: SimulatedGPU) -> int:
         raise _Wrong("time several calls between the two readings and divide by their number: "
                      "one call is too short to time reliably on a real machine")
     return timed
+
+
+def _buggy_loop_ms(kernel_s=2e-3, first_s=50e-3, launch_s=5e-6, warmup=3, repeats=10) -> float:
+    """What the notebook's ``time_call_buggy`` reports on a simulated GPU, in ms, run here."""
+    gpu = SimulatedGPU(kernel_s=kernel_s, first_s=first_s, launch_s=launch_s)
+    start = gpu.clock()
+    for _ in range(warmup + repeats):
+        gpu.launch()
+    return 1e3 * (gpu.clock() - start) / repeats
+
+
+@_checker
+def check_buggy_timing_prediction(buggy_prediction_ms):
+    """``buggy_prediction_ms``: what ``time_call_buggy`` reports, in ms per call, on section 3's
+    simulated GPU (first call 50 ms, then 2 ms per kernel, each launch returns after 5 us). The
+    checker runs the loop itself; a prediction within 5 % counts."""
+    if buggy_prediction_ms is None:
+        raise _NotAttempted("write your prediction in buggy_prediction_ms (milliseconds per "
+                            "call); the loop's report is shown once it is filled in")
+    pred = _number(buggy_prediction_ms, "your prediction in ms")
+    got = _buggy_loop_ms()
+    if abs(pred - got) <= 0.05 * got:
+        return (f"the loop reports {got:.4f} ms for a 2 ms kernel: it times 13 launches of 5 "
+                "microseconds and divides by 10. Now find every mistake and fix it.")
+    launches_per_call = 1e3 * 5e-6  # ms: one launch, divided by one call
+    if abs(pred - got * 1e3) <= 0.05 * got * 1e3:
+        raise _Wrong("you answered in microseconds: write milliseconds per call")
+    if abs(pred - launches_per_call) <= 0.05 * launches_per_call:
+        raise _Wrong("one launch takes 5 microseconds, but the loop does not time one launch "
+                     "per call: count the calls between the two clock readings, and what it "
+                     "divides by")
+    if pred >= 1.0:
+        raise _Wrong("no clock reading in the loop waits for the GPU: each f() returns once "
+                     "its kernel is queued, so the kernels' time (2 ms, or 50 ms for the "
+                     "first) never reaches the clock")
+    raise _Wrong("the clock moves only while the loop launches kernels (5 microseconds per "
+                 "launch, nothing else): count the launches between the readings and divide "
+                 "as the loop does")
 
 
 @_checker
@@ -263,7 +302,7 @@ def check_merge_partials(merge_partials):
 
 
 # --------------------------------------------------------------------------------------------
-# 5.3 Predict the forward + backward peak of naive attention, in score matrices, as T grows
+# 5.3 The graph's lower bound on naive attention's forward + backward peak (score matrices)
 # --------------------------------------------------------------------------------------------
 def _dtype_bytes(dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
@@ -289,41 +328,45 @@ def _training_peak_limit() -> float:
     return (T2 * r2 - T1 * r1) / (T2 - T1)
 
 
-_PEAK_BAND = 0.5  # a prediction within half a score matrix of the measured limit counts
-
-
 @_checker
-def check_training_peak(training_peak_limit):
-    """``training_peak_limit``: the number of ``(B, H, T, T)`` float32 score matrices that the
-    peak memory of one forward + backward call of naive attention tends to as ``T`` grows. The
-    checker measures it itself, on the CPU, and accepts a prediction within half a matrix."""
-    if training_peak_limit is None:
-        raise _NotAttempted("write your prediction in training_peak_limit (a number of score "
+def check_training_peak(training_peak_bound):
+    """``training_peak_bound``: the lower bound, in ``(B, H, T, T)`` float32 score matrices, that
+    the autograd graph of naive attention (``softmax(Q K^T / sqrt(d)).nan_to_num() @ V``) puts on
+    the peak of one forward + backward call as ``T`` grows: the ``T x T`` tensors that must be
+    alive together (saved for a later step, the gradient arriving at a step, the one it makes).
+    Temporaries inside a backward formula are not part of the bound (the notebook measures them)."""
+    if training_peak_bound is None:
+        raise _NotAttempted("write your bound in training_peak_bound (a number of score "
                             "matrices); the measurement is shown once it is filled in")
-    pred = _number(training_peak_limit, "the number of score matrices")
-    limit = _training_peak_limit()
-    measured = f"measured on the CPU: {limit:.2f} score matrices"
-    if abs(pred - limit) <= _PEAK_BAND:
-        return (f"{measured}, against 3 at the forward peak. The backward pass holds P (saved "
-                "for softmax's backward), the gradient arriving from P @ V, and what "
-                "nan_to_num's backward makes from them, all T x T.")
+    pred = _number(training_peak_bound, "the number of score matrices")
     if pred < 0:
-        raise _Wrong(f"memory is not negative; {measured}")
-    if pred <= 2.5:
-        raise _Wrong(f"{measured}, more than your {pred:g}: the saved tensors are not the peak. "
-                     "Each backward step receives a T x T gradient and makes a new one while "
-                     "tensors saved for later steps are still alive")
-    if pred < limit:
-        raise _Wrong(f"{measured}, more than your {pred:g}: besides P (still saved for softmax's "
-                     "backward), the gradient arriving and the gradient leaving, a backward "
-                     "formula makes its own temporaries: look at nan_to_num's, "
-                     "grad * isfinite(P), which builds a T x T mask to multiply by")
-    if pred > 20:
-        raise _Wrong(f"{measured}: every large tensor is T x T, so the peak counted in score "
-                     "matrices does not keep growing with T; it settles to a constant")
-    raise _Wrong(f"{measured}, fewer than your {pred:g}: a saved tensor is freed as soon as "
-                 "the backward step that needs it has run (the cleaned weights go once the "
-                 "gradient of P @ V is made), and the scaled scores are never saved")
+        raise _Wrong("memory is not negative: count the T x T tensors alive together")
+    if abs(pred - round(pred)) > 0.01:
+        raise _Wrong("count whole T x T tensors: the (B, H, T, d) ones (Q, K, V, the output and "
+                     "their gradients) are d / T of a score matrix and vanish as T grows")
+    n = round(pred)
+    if n == 3:
+        return ("at every backward step three T x T tensors are alive: P (saved until "
+                "softmax's backward has run), the gradient arriving at the step and the gradient "
+                "it makes (at P @ V's step the arriving gradient is small and the cleaned "
+                "weights, still saved, take its place). Now measure what PyTorch really holds.")
+    if n == 0:
+        raise _Wrong("the backward pass of naive attention works on T x T tensors: the saved "
+                     "weights and the gradients with respect to them are all T x T")
+    if n == 1:
+        raise _Wrong("one saved tensor is not the worst moment: a backward step also holds the "
+                     "T x T gradient it receives while it builds the one it passes on")
+    if n == 2:
+        raise _Wrong("you left one tensor out: a step cannot free the gradient it receives "
+                     "before the one it makes exists, and a tensor saved for a LATER step "
+                     "(which one is still needed at nan_to_num's backward?) is alive meanwhile")
+    if n in (4, 5):
+        raise _Wrong("you counted a tensor the graph frees or never keeps: softmax's backward "
+                     "needs only its output P (the scaled scores are never saved), and the "
+                     "cleaned weights are freed once P @ V's backward has made its gradients. "
+                     "Temporaries built inside a backward formula are not part of the bound")
+    raise _Wrong("every large tensor is T x T, so the count in score matrices does not grow "
+                 "with T: at one moment only a few are alive together")
 
 
 # --------------------------------------------------------------------------------------------
@@ -471,61 +514,79 @@ def check_largest_head_dim(largest_head_dim):
 
 
 # --------------------------------------------------------------------------------------------
-# 5.5 Predict the tiled version's extra memory from its description (then measure it)
+# 5.5 The block size of least memory within a budget of tiles
 # --------------------------------------------------------------------------------------------
-_TILED_CASES = (  # (B, H, head_dim, block_size, dtype): block != head_dim, B != H, both > 1
-    (2, 3, 32, 64, torch.float64),
-    (1, 8, 64, 128, torch.float32),
-    (3, 2, 48, 96, torch.float32),
-    (4, 5, 80, 16, torch.float64),
+_BUDGET_CASES = (  # (T, max_tiles): hand-checked answers in tests/test_exercises_05.py
+    (1000, 50),  # at most 7 blocks per side (49 tiles): b = ceil(1000 / 7) = 143
+    (257, 16),  # 4 per side: b = 65 (64 would need 5 blocks per side)
+    (777, 30),  # 5 per side: b = 156
+    (4096, 64),  # 8 per side: b = 512 (divides exactly)
+    (300, 10),  # 3 per side: b = 100
+    (100, 1),  # one tile: b = T
+    (10, 200),  # the budget allows b = 1
 )
 
 
+def _tiles(T: int, b: int) -> int:
+    return math.ceil(T / b) ** 2
+
+
+def _least_block(T: int, max_tiles: int) -> int:
+    """Brute force, independent of any formula: the smallest b whose ceil(T / b)^2 tiles fit."""
+    return next(b for b in range(1, T + 1) if _tiles(T, b) <= max_tiles)
+
+
 @_checker
-def check_tiled_extra_bytes(tiled_extra_bytes):
-    """``tiled_extra_bytes(B, H, head_dim, block_size, dtype)`` -> the bytes ``tiled_attention``
-    holds beyond its output, from its description in section 6: per (sequence, head) one
-    ``block x block`` tile of scores, two ``block x head_dim`` matrices and two columns of
-    ``block`` (``m`` and ``l``), all of ``dtype`` (float32 or float64 here)."""
-    got, parts = [], []
-    for B, H, d, b, dtype in _TILED_CASES:
-        ans = _call(tiled_extra_bytes, B, H, d, b, dtype, name="tiled_extra_bytes",
-                    on_error=f"called with B={B}, H={H}, head_dim={d}, block_size={b}, "
-                             f"dtype={dtype}")
-        got.append(_number(ans, "the bytes"))
-        parts.append((B, H, d, b, _dtype_bytes(dtype)))
-
-    def ref(B, H, d, b, e):
-        return B * H * (b * b + 2 * b * d + 2 * b) * e
-
-    refs = [ref(*p) for p in parts]
-    if all(math.isclose(g, r, rel_tol=1e-6) for g, r in zip(got, refs, strict=True)):
-        return ("nothing in it grows with T: that is why the tiled version's peak follows the "
-                "output. Now measure it: peak_memory adds a few temporary columns on top.")
-    patterns = (
-        ("you left out the tile of scores: block x block per (sequence, head)",
-         lambda B, H, d, b, e: B * H * (2 * b * d + 2 * b) * e),
-        ("two block x head_dim matrices: the scaled query block and the accumulator a",
-         lambda B, H, d, b, e: B * H * (b * b + b * d + 2 * b) * e),
-        ("two columns of length block as well: the running max m and the running sum l",
-         lambda B, H, d, b, e: B * H * (b * b + 2 * b * d) * e),
-        ("every (sequence, head) pair has its own tile, matrices and columns: multiply by B * H",
-         lambda B, H, d, b, e: (b * b + 2 * b * d + 2 * b) * e),
-        ("every head has its own tile, matrices and columns: multiply by H",
-         lambda B, H, d, b, e: B * (b * b + 2 * b * d + 2 * b) * e),
-        ("you counted elements: multiply by the bytes per element of the dtype",
-         lambda B, H, d, b, e: ref(B, H, d, b, e) / e),
-        ("the bytes per element depend on the dtype (float32: 4, float64: 8): you used 4 for "
-         "every dtype", lambda B, H, d, b, e: ref(B, H, d, b, 4)),
-        ("return bytes, not MiB", lambda B, H, d, b, e: ref(B, H, d, b, e) / 2**20),
-        ("you counted bits: one byte is 8 bits", lambda B, H, d, b, e: 8 * ref(B, H, d, b, e)),
-    )
-    for hint, pattern in patterns:
-        expected = [pattern(*p) for p in parts]
-        if all(math.isclose(g, x, rel_tol=1e-6) for g, x in zip(got, expected, strict=True)):
-            raise _Wrong(hint)
-    i = next(i for i, (g, r) in enumerate(zip(got, refs, strict=True))
-             if not math.isclose(g, r, rel_tol=1e-6))
-    B, H, d, b, dtype = _TILED_CASES[i]
-    raise _Wrong(f"for B={B}, H={H}, head_dim={d}, block_size={b}, {dtype}: expected "
-                 f"{refs[i]:,.0f} bytes; got {got[i]:,.6g}")
+def check_block_for_budget(block_for_budget):
+    """``block_for_budget(T, max_tiles)`` -> the block size ``b`` (queries and keys alike, no
+    causal skipping) whose ``ceil(T / b)^2`` tiles stay within ``max_tiles`` with the least extra
+    memory (``tiled_attention`` holds ``b^2 + 2 b d + 2 b`` numbers per (sequence, head), which
+    grows with ``b``): the smallest such ``b``."""
+    got, refs = [], []
+    for T, n in _BUDGET_CASES:
+        ans = _call(block_for_budget, T, n, name="block_for_budget",
+                    on_error=f"called with T={T}, max_tiles={n}")
+        if isinstance(ans, torch.Tensor) and ans.numel() == 1:
+            ans = ans.item()
+        if isinstance(ans, np.generic):
+            ans = ans.item()
+        value = _number(ans, "the block size")
+        if value != int(value):
+            raise _Wrong(f"a block is a whole number of tokens; got {value:g} for T={T}, "
+                         f"max_tiles={n}")
+        got.append(int(value))
+        refs.append(_least_block(T, n))
+    if got == refs:
+        return ("the smallest block within the budget: memory grows like b^2 per tile, so "
+                "every larger b costs more, and one fewer token per block would need one more "
+                "block per side.")
+    cases = list(zip(_BUDGET_CASES, got, refs, strict=True))
+    if all(g == T for (T, _), g, _ in cases):
+        raise _Wrong("b = T (one tile) always fits the budget, but its b x b tile is naive "
+                     "attention's whole score matrix: memory grows with b, so look for the "
+                     "smallest b within the budget")
+    if all(g == math.isqrt(n) for (T, n), g, _ in cases):
+        raise _Wrong("you returned the number of blocks per side; return the block size b "
+                     "(tokens per block)")
+    if all(g == math.ceil(T / n) for (T, n), g, _ in cases):
+        raise _Wrong("a tile is a (query block, key block) pair: ceil(T / b) blocks per side "
+                     "make ceil(T / b)^2 tiles, not ceil(T / b)")
+    if all(g == math.ceil(T / math.sqrt(n)) for (T, n), g, _ in cases):
+        raise _Wrong("the number of blocks per side is a whole number: with max_tiles = 50 it "
+                     "is at most 7 (49 tiles), not sqrt(50) = 7.07 (b = ceil(1000 / 7.07) gives "
+                     "8 blocks per side, 64 tiles)")
+    if all(g == T // math.isqrt(n) for (T, n), g, _ in cases):
+        raise _Wrong("T // k blocks of that size leave a remainder uncovered, so the last block "
+                     "is one more: round T / k up, not down")
+    for (T, n), g, r in cases:
+        if g < 1 or g > T:
+            raise _Wrong(f"for T={T}, max_tiles={n}: a block holds between 1 and T tokens; "
+                         f"got {g}")
+        if _tiles(T, g) > n:
+            raise _Wrong(f"for T={T}, max_tiles={n}: b = {g} gives ceil(T / b) = "
+                         f"{math.ceil(T / g)} blocks per side, {_tiles(T, g)} tiles, over the "
+                         "budget")
+        if g != r:
+            raise _Wrong(f"for T={T}, max_tiles={n}: b = {g} fits, but a smaller block fits too "
+                         "and holds less memory")
+    raise _Wrong("compare your block sizes with the budget case by case")  # not reached

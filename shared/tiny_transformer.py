@@ -501,8 +501,10 @@ def train(model: TinyTransformer, steps: int, *, min_period: int, max_period: in
 
     Returns a dict: ``loss`` (``steps`` floats, the training loss of every step) and, when
     ``eval_tokens`` ``(B, T)`` is given, every ``eval_every`` steps and after the last one:
-    ``eval_step``, ``repeat_loss``, ``first_loss``, ``repeat_accuracy`` (lists of floats) and
-    ``previous_token_scores``, ``induction_scores`` (tensors ``(evals, layers, heads)``).
+    ``eval_step``, ``repeat_loss``, ``first_loss``, ``repeat_accuracy`` (lists of floats),
+    ``per_position`` (tensor ``(evals, T - 1)``: the mean loss of predicting token ``t + 1``, as
+    ``evaluate`` returns it) and ``previous_token_scores``, ``induction_scores`` (tensors
+    ``(evals, layers, heads)``). Evaluating does not touch the training batches' generator.
     ``progress=True`` shows a tqdm progress bar (on stderr).
     """
     from tqdm import tqdm  # imported here: only training needs it
@@ -513,13 +515,15 @@ def train(model: TinyTransformer, steps: int, *, min_period: int, max_period: in
     _check_int("eval_every", eval_every)
     seq_len = model.context_length if seq_len is None else _check_int("seq_len", seq_len, 3)
     history: dict = {"loss": [], "eval_step": [], "repeat_loss": [], "first_loss": [],
-                     "repeat_accuracy": [], "previous_token_scores": [], "induction_scores": []}
+                     "repeat_accuracy": [], "per_position": [], "previous_token_scores": [],
+                     "induction_scores": []}
 
     def record(step: int) -> None:
         metrics = evaluate(model, eval_tokens)
         history["eval_step"].append(step)
         for key in ("repeat_loss", "first_loss", "repeat_accuracy"):
             history[key].append(metrics[key])
+        history["per_position"].append(metrics["per_position"])
         w = metrics["weights"]
         history["previous_token_scores"].append(previous_token_score(w).mean(dim=0))
         history["induction_scores"].append(induction_score(w, eval_tokens).mean(dim=0))
@@ -549,7 +553,7 @@ def train(model: TinyTransformer, steps: int, *, min_period: int, max_period: in
         bar.close()
     finally:
         torch.set_num_threads(threads)
-    for key in ("previous_token_scores", "induction_scores"):
+    for key in ("per_position", "previous_token_scores", "induction_scores"):
         if history[key]:
             history[key] = torch.stack(history[key])
     return history

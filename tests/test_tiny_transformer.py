@@ -367,6 +367,14 @@ def test_train_is_deterministic_restores_threads_and_records_history():
     assert h1["eval_step"] == [0, 2, 4, 5]
     assert h1["previous_token_scores"].shape == (4, 2, 3) == h1["induction_scores"].shape
     assert len(h1["repeat_loss"]) == len(h1["first_loss"]) == len(h1["repeat_accuracy"]) == 4
+    assert h1["per_position"].shape == (4, 8)  # (evals, T - 1)
+    with torch.no_grad():  # model: the last run's, after its 5 steps; its loss per position by hand
+        by_hand = F.cross_entropy(model(x_eval)[:, :-1].transpose(1, 2), x_eval[:, 1:], reduction="none")
+    assert torch.allclose(h2["per_position"][-1], by_hand.mean(dim=0), atol=1e-6)
+    # evaluating during training changes nothing about the training run itself
+    quiet = small_model(seed=3)
+    h3 = train(quiet, 5, min_period=2, max_period=4, batch_size=4, seed=0)
+    assert h3["loss"] == h1["loss"] and all(torch.equal(s1[k], v) for k, v in quiet.state_dict().items())
 
 
 def test_train_lowers_the_loss():

@@ -48,6 +48,7 @@ __all__ = [
     "evaluate",
     "ablate_heads",
     "head_contexts",
+    "run_layers",
     "adam_step",
     "train",
     "phase_change_step",
@@ -454,6 +455,70 @@ def head_contexts(model: TinyTransformer, tokens: torch.Tensor) -> list[torch.Te
     return contexts
 
 
+_HOOK_POINTS = ("query", "key", "value", "context")
+
+
+@torch.no_grad()
+def run_layers(model: TinyTransformer, tokens: torch.Tensor, patch=None) -> torch.Tensor:
+    """The model's forward pass, layer by layer, with a hook to change what flows through it.
+
+    At every layer ``l`` it calls ``patch(l, name, tensor)`` four times: with ``name`` =
+    ``"query"``, ``"key"`` and ``"value"`` and the residual stream ``(B, T, d_model)`` that the
+    layer's ``W_query``, ``W_key`` or ``W_value`` is about to read, then with ``"context"`` and the
+    heads' outputs before the output projection ``(B, num_heads, T, head_dim)``. Return a tensor
+    of the same shape to use instead, or None to keep it. Each call gets its own copy, so a patch
+    may change it in place, but must then return it.
+
+    Shapes: tokens ``(B, T)`` -> logits ``(B, T, vocab_size)``, equal to ``model(tokens)`` when
+    ``patch`` is None or always returns None.
+    """
+    if not isinstance(model, TinyTransformer):
+        raise TypeError(f"model must be a TinyTransformer; got {type(model).__name__}")
+    if patch is not None and not callable(patch):
+        raise TypeError(f"patch must be a function patch(layer, name, tensor) or None; got "
+                        f"{type(patch).__name__}")
+    tokens = _check_tokens("tokens", tokens, 2)
+    B, T = tokens.shape
+    H, hd = model.num_heads, model.head_dim
+
+    def hook(l: int, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        if patch is None:
+            return tensor
+        mine = tensor.clone()
+        new = patch(l, name, mine)
+        if new is None:
+            if not torch.equal(mine, tensor):
+                raise ValueError(f"patch changed the {name!r} tensor of layer {l} in place but "
+                                 "returned None: return the changed tensor")
+            return tensor
+        if not isinstance(new, torch.Tensor) or new.shape != tensor.shape:
+            got = tuple(new.shape) if isinstance(new, torch.Tensor) else type(new).__name__
+            raise ValueError(f"patch must return None or a tensor of shape "
+                             f"{tuple(tensor.shape)} for {name!r} of layer {l}; got {got}")
+        return new.to(tensor.dtype)
+
+    x = model.tok_emb(tokens)  # (B, T, d)
+    if model.positional == "learned":
+        x = x + model.pos_emb.weight[:T]
+    for l, layer in enumerate(model.layers):
+        Q, K, V = (lin(hook(l, name, x)).view(B, T, H, hd).transpose(1, 2)  # (B, H, T, hd)
+                   for name, lin in zip(_HOOK_POINTS, (layer.W_query, layer.W_key, layer.W_value),
+                                        strict=False))
+        if model.positional == "rope":
+            positions = torch.arange(T)
+            Q = apply_rope(Q, positions, base=model.rope_base, scale=model.rope_scale)
+            K = apply_rope(K, positions, base=model.rope_base, scale=model.rope_scale)
+        scores = Q @ K.transpose(-2, -1) / math.sqrt(hd)  # (B, H, T, T)
+        if model.positional == "alibi":
+            scores = scores + alibi_bias(H, T, scores.dtype).to(scores.device)
+        else:
+            future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+            scores = scores.masked_fill(future, float("-inf"))
+        context = hook(l, "context", torch.softmax(scores, dim=-1) @ V)  # (B, H, T, hd)
+        x = x + layer.out_proj(context.transpose(1, 2).reshape(B, T, H * hd))  # the residual stream
+    return model.unembed(x)  # (B, T, vocab_size)
+
+
 # --------------------------------------------------------------------------------------------
 # Training
 # --------------------------------------------------------------------------------------------
@@ -501,8 +566,10 @@ def train(model: TinyTransformer, steps: int, *, min_period: int, max_period: in
 
     Returns a dict: ``loss`` (``steps`` floats, the training loss of every step) and, when
     ``eval_tokens`` ``(B, T)`` is given, every ``eval_every`` steps and after the last one:
-    ``eval_step``, ``repeat_loss``, ``first_loss``, ``repeat_accuracy`` (lists of floats) and
-    ``previous_token_scores``, ``induction_scores`` (tensors ``(evals, layers, heads)``).
+    ``eval_step``, ``repeat_loss``, ``first_loss``, ``repeat_accuracy`` (lists of floats),
+    ``per_position`` (tensor ``(evals, T - 1)``: the mean loss of predicting token ``t + 1``, as
+    ``evaluate`` returns it) and ``previous_token_scores``, ``induction_scores`` (tensors
+    ``(evals, layers, heads)``). Evaluating does not touch the training batches' generator.
     ``progress=True`` shows a tqdm progress bar (on stderr).
     """
     from tqdm import tqdm  # imported here: only training needs it
@@ -513,13 +580,15 @@ def train(model: TinyTransformer, steps: int, *, min_period: int, max_period: in
     _check_int("eval_every", eval_every)
     seq_len = model.context_length if seq_len is None else _check_int("seq_len", seq_len, 3)
     history: dict = {"loss": [], "eval_step": [], "repeat_loss": [], "first_loss": [],
-                     "repeat_accuracy": [], "previous_token_scores": [], "induction_scores": []}
+                     "repeat_accuracy": [], "per_position": [], "previous_token_scores": [],
+                     "induction_scores": []}
 
     def record(step: int) -> None:
         metrics = evaluate(model, eval_tokens)
         history["eval_step"].append(step)
         for key in ("repeat_loss", "first_loss", "repeat_accuracy"):
             history[key].append(metrics[key])
+        history["per_position"].append(metrics["per_position"])
         w = metrics["weights"]
         history["previous_token_scores"].append(previous_token_score(w).mean(dim=0))
         history["induction_scores"].append(induction_score(w, eval_tokens).mean(dim=0))
@@ -549,7 +618,7 @@ def train(model: TinyTransformer, steps: int, *, min_period: int, max_period: in
         bar.close()
     finally:
         torch.set_num_threads(threads)
-    for key in ("previous_token_scores", "induction_scores"):
+    for key in ("per_position", "previous_token_scores", "induction_scores"):
         if history[key]:
             history[key] = torch.stack(history[key])
     return history

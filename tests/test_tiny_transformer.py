@@ -25,6 +25,7 @@ from shared.tiny_transformer import (
     previous_token_mask,
     previous_token_score,
     repeated_tokens,
+    run_layers,
     seen_before,
     token_labels,
     train,
@@ -367,6 +368,14 @@ def test_train_is_deterministic_restores_threads_and_records_history():
     assert h1["eval_step"] == [0, 2, 4, 5]
     assert h1["previous_token_scores"].shape == (4, 2, 3) == h1["induction_scores"].shape
     assert len(h1["repeat_loss"]) == len(h1["first_loss"]) == len(h1["repeat_accuracy"]) == 4
+    assert h1["per_position"].shape == (4, 8)  # (evals, T - 1)
+    with torch.no_grad():  # model: the last run's, after its 5 steps; its loss per position by hand
+        by_hand = F.cross_entropy(model(x_eval)[:, :-1].transpose(1, 2), x_eval[:, 1:], reduction="none")
+    assert torch.allclose(h2["per_position"][-1], by_hand.mean(dim=0), atol=1e-6)
+    # evaluating during training changes nothing about the training run itself
+    quiet = small_model(seed=3)
+    h3 = train(quiet, 5, min_period=2, max_period=4, batch_size=4, seed=0)
+    assert h3["loss"] == h1["loss"] and all(torch.equal(s1[k], v) for k, v in quiet.state_dict().items())
 
 
 def test_train_lowers_the_loss():
@@ -524,3 +533,51 @@ def test_train_with_a_shorter_sequence_length():
     after = model.pos_emb.weight.detach()
     assert torch.equal(after[12:], before[12:])  # positions 12 .. 29 never trained
     assert not torch.equal(after[:12], before[:12])
+
+
+@pytest.mark.parametrize("positional", ["learned", "rope", "alibi", "none"])
+def test_run_layers_without_a_patch_is_the_forward_pass(positional):
+    model = small_model(seed=5, positional=positional)
+    x = repeated_tokens(4, 9, 11, 3, 4, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        expected = model(x)
+    assert torch.allclose(run_layers(model, x), expected, atol=1e-12)
+    assert torch.allclose(run_layers(model, x, lambda l, name, t: None), expected, atol=1e-12)
+
+
+def test_run_layers_patches():
+    model = small_model(seed=6)
+    x = repeated_tokens(4, 9, 11, 3, 4, generator=torch.Generator().manual_seed(6))
+    seen = []
+
+    def zero_head(l, name, t):  # a context patch that silences head 2 of layer 1
+        seen.append((l, name, tuple(t.shape)))
+        if (l, name) == (1, "context"):
+            t[:, 2] = 0.0
+            return t
+        return None
+
+    with torch.no_grad():  # independent: ablate_heads zeroes the head's block of W_o
+        assert torch.allclose(run_layers(model, x, zero_head), ablate_heads(model, [(1, 2)])(x), atol=1e-12)
+    assert seen[:4] == [(0, "query", (4, 9, 12)), (0, "key", (4, 9, 12)), (0, "value", (4, 9, 12)),
+                        (0, "context", (4, 3, 9, 4))]
+    # every value zero: each layer adds only its output bias (derived by hand)
+    zero_values = run_layers(model, x, lambda l, name, t: torch.zeros_like(t) if name == "value" else None)
+    with torch.no_grad():
+        stream = model.tok_emb(x) + model.pos_emb.weight + sum(layer.out_proj.bias for layer in model.layers)
+        assert torch.allclose(zero_values, model.unembed(stream), atol=1e-12)
+
+
+def test_run_layers_bad_patches():
+    model = small_model(seed=7)
+    x = repeated_tokens(2, 9, 11, 3, generator=torch.Generator().manual_seed(7))
+
+    def in_place_only(l, name, t):
+        t += 1.0
+
+    with pytest.raises(ValueError, match="changed the 'query' tensor of layer 0 in place but returned None"):
+        run_layers(model, x, in_place_only)
+    with pytest.raises(ValueError, match=r"shape \(2, 9, 12\) for 'query' of layer 0; got \(9, 12\)"):
+        run_layers(model, x, lambda l, name, t: t[0])
+    with pytest.raises(TypeError, match="patch must be a function"):
+        run_layers(model, x, "key")

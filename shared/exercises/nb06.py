@@ -211,17 +211,29 @@ def _mean_ablation_variants(model, tokens, heads) -> dict:
     }
 
 
+_LOSS_TOLERANCE = 0.5  # nats: a predicted repeat loss this close to the measured one passes
+
+
 @_checker
-def check_position_mean_ablation(position_mean_ablate, prediction, model):
+def check_position_mean_ablation(position_mean_ablate, predicted_loss, model):
     """``position_mean_ablate(model, tokens, heads)`` -> logits ``(B, T, vocab_size)`` of the
     ``TinyTransformer`` ``model`` on ``tokens`` ``(B, T)``, with each ``(layer, head)`` in
     ``heads`` writing, at every position ``t``, its output at ``t`` averaged over the batch (in
-    the unablated model) instead of its own output. ``prediction``: ``"lower"`` or ``"higher"``,
-    the repeat loss without the previous-token head with one mean per position, compared with
-    one mean for all positions. ``model``: the notebook's trained model, on which the checker
-    measures both (hidden batch, period 10)."""
+    the unablated model) instead of its own output. ``predicted_loss``: your prediction (nats)
+    of the repeat loss without the previous-token head, replaced by its per-position means; it
+    must be filled in before anything is measured and passes within 0.5 nats. ``model``: the
+    notebook's trained model, on which the checker measures it (hidden batch, period 10)."""
     from ..tiny_transformer import TinyTransformer, repeated_tokens
 
+    if callable(position_mean_ablate) and not _core._did_work(position_mean_ablate):
+        _call(position_mean_ablate, None, None, [], name="position_mean_ablate")  # a stub
+    if predicted_loss is None:
+        raise _NotAttempted("write your prediction into predicted_loss first: the checker "
+                            "measures only once it is filled in")
+    if isinstance(predicted_loss, bool) or not isinstance(predicted_loss, (int, float, np.number)) \
+            or not 0 <= float(predicted_loss) <= 30:
+        raise _Wrong("predicted_loss should be a number of nats (a cross-entropy, e.g. 2.5); got "
+                     f"{predicted_loss!r}")
     for seed, heads in ((621, [(0, 1)]), (622, [(1, 2)]), (623, [(0, 0), (1, 1)])):
         torch.manual_seed(seed)
         net = TinyTransformer(11, 9, d_model=12, num_heads=3, num_layers=2).eval()
@@ -267,23 +279,24 @@ def check_position_mean_ablation(position_mean_ablate, prediction, model):
         ], atol=1e-4)
         raise _Wrong(f"the logits differ from the per-position mean ablation by up to "
                      f"{_maxdiff(got, refs['ok'])}")
-    if prediction not in ("lower", "higher"):
-        raise _Wrong(f'set prediction to "lower" or "higher" (your prediction); got '
-                     f"{prediction!r}")
     tokens, prev = _trained_notebook_model(model, "position_mean_ablation")
     refs = _mean_ablation_variants(model, tokens, [prev])
-    per_position, single = _repeat_loss(refs["ok"], tokens), _repeat_loss(refs["global"], tokens)
-    measured = "higher" if per_position > single else "lower"
+    measured, single, zero = (_repeat_loss(refs[k], tokens) for k in ("ok", "global", "zero"))
     numbers = (f"without the previous-token head {prev}, the repeat loss on the hidden batch is "
-               f"{per_position:.2f} with one mean per position and {single:.2f} with one mean")
-    if prediction != measured:
-        why = ("" if measured == "lower" else
-               ": a finer mean is no better a stand-in when what the model needs is the "
-               "sequence-specific part, and key 1's mean is exact (its previous token is always "
-               "BOS), so key 1 now stands out among the blurred keys")
-        raise _Wrong(f"you predicted {prediction}, but {numbers}{why}")
-    return (f"{numbers}. The sequence-specific part of the head's output is what the model "
-            "needs; the per-position mean keeps only the position-dependent part.")
+               f"{measured:.2f} with one mean per position")
+    guess = float(predicted_loss)
+    if guess < measured - _LOSS_TOLERANCE:
+        raise _Wrong(f"you predicted {guess:.2f}, but {numbers} ({single:.2f} with one mean): the "
+                     "per-position mean brings nothing of induction back. What layer 1 needs "
+                     "from the head is which letter came before, and that differs from sequence "
+                     "to sequence, not from position to position: a mean over the batch erases it")
+    if guess > measured + _LOSS_TOLERANCE:
+        raise _Wrong(f"you predicted {guess:.2f}, but {numbers}: losing the head's letter "
+                     f"information costs about as much whatever stands in for it (zero "
+                     f"{zero:.2f}, one mean {single:.2f})")
+    return (f"{numbers} ({single:.2f} with one mean, {zero:.2f} with zero), you predicted "
+            f"{guess:.2f}. No mean brings induction back: the sequence-specific part of the "
+            "head's output, which letter came before, is what the model needs.")
 
 
 # --------------------------------------------------------------------------------------------

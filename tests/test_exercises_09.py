@@ -356,6 +356,15 @@ CASES = [
     (C.check_silencing_prediction, ("highest",), "miss", "changes the embeddings less"),
     (C.check_silencing_prediction, ("most",), False, 'must be "highest" or "lowest"'),
     (C.check_silencing_prediction, (["lowest"],), False, "one string"),
+    (C.check_carrier_prediction, ("values",), True, "what it reads there does"),
+    (C.check_carrier_prediction, (None,), None, '"weights" or "values"'),
+    (C.check_carrier_prediction, ("weights",), "miss", "the value vector at the last word is what changed"),
+    (C.check_carrier_prediction, ("both",), False, 'must be "weights" or "values"'),
+    (C.check_carrier_prediction, (["values"],), False, "one string"),
+    (C.check_weights_values_split, (None,), None, NA),
+    (C.check_weights_values_split, ({"weights": 0.1, "values": None},), None, "both shares"),
+    (C.check_weights_values_split, ({"weights": 0.1},), False, "must be a dict"),
+    (C.check_weights_values_split, ({"weights": "a lot", "values": 0.4},), False, "one number"),
 ]
 CHECKERS = ex.nb09.__all__
 
@@ -378,8 +387,10 @@ def test_checker(capsys, checker, answers, expected, phrase):
 def test_every_checker_is_covered_three_ways():
     """Each checker: a correct answer, the stub, and at least two different wrong answers."""
     assert CHECKERS == ["check_replace_prediction", "check_weight_name", "check_punctuation_score", "check_punctuation_guess",
-                        "check_punctuation_head", "check_silenced_heads", "check_silencing_prediction", "check_random_sets"]
-    cases = CASES + [(ex.check_random_sets, None, expected, phrase) for _, expected, phrase in RANDOM_CASES]
+                        "check_punctuation_head", "check_silenced_heads", "check_silencing_prediction", "check_random_sets",
+                        "check_carrier_prediction", "check_weights_values_split"]
+    cases = CASES + [(ex.check_random_sets, None, expected, phrase) for _, expected, phrase in RANDOM_CASES] + [
+        (ex.check_weights_values_split, None, expected, phrase) for _, expected, phrase in SPLIT_CASES]
     for name in CHECKERS:
         results = [c[2] for c in cases if c[0].__name__ == name]
         assert True in results and None in results, name
@@ -569,3 +580,97 @@ def test_random_sets_truth_is_both():
     """On 100 random sets the [CLS]-heavy set lies in the bottom fifth and the [CLS]-light set in
     the top fifth (as on the solutions' 200): the right conclusion is "both"."""
     assert random_set_data()[3] == "both"
+
+
+# 9.4, weights or values: the split measured by writing layer 2 out by hand (no hooks) ----------
+@functools.cache
+def split_by_hand(layer=2, all_positions=False, values_layer=None, measure="vector"):
+    """(weights share, values share): the tired run with layer `layer`'s heads 1, 3 and 8 given the
+    wide run's weights (tired values) or values (tired weights), at "it" (or at every position),
+    the attention block of that layer written out from its parameters."""
+    import torch.nn.functional as F
+
+    from shared.pretrained import gelu, load_minilm, tokenize
+
+    model = load_minilm()
+    tired = "The animal didn't cross the street because it was too tired."
+    ids, mask, toks = tokenize([tired, tired.replace("tired", "wide")], model.tokenizer)
+    it, animal, street = (toks[0].index(w) for w in ("it", "animal", "street"))
+    with torch.no_grad():
+        out = model(ids, mask, return_all=True)
+        hs = out.hidden_states
+        att = model.layers[layer].attention
+        x = hs[layer][0]  # (T, 384), the tired run's input of the layer
+        T = x.shape[0]
+        v_true = att.W_value(x).view(T, 12, 32)  # the tired run's own values, for the unpatched heads
+        v_of = [att.W_value(hs[layer if values_layer is None else values_layer][s]).view(T, 12, 32)
+                for s in (0, 1)]  # the mistake reads the layer's output instead of its input
+        a_of = [out.weights[layer][s] for s in (0, 1)]  # (12, T, T)
+        rows = list(range(T)) if all_positions else [it]
+
+        def final(w_from, v_from):
+            heads = torch.einsum("hqj,jhd->qhd", a_of[0], v_true).clone()  # the tired run's heads
+            mixed = torch.einsum("hqj,jhd->qhd", a_of[w_from], v_of[v_from])
+            for q in rows:
+                for h in (1, 3, 8):
+                    heads[q, h] = mixed[q, h]
+            layer_ = model.layers[layer]
+            z = layer_.norm1(x + att.out_proj(heads.reshape(T, 384)))
+            h_ = layer_.norm2(z + layer_.ff_out(gelu(layer_.ff_in(z))))[None]
+            for later in model.layers[layer + 1:]:
+                h_, _ = later(h_)
+            return h_[0]
+
+        last = hs[-1]
+
+        def lead(h):
+            return (F.cosine_similarity(h[it], h[animal], dim=0)
+                    - F.cosine_similarity(h[it], h[street], dim=0)).item()
+
+        def share(h):
+            if measure == "lead":
+                return (lead(h) - lead(last[0])) / (lead(last[1]) - lead(last[0]))
+            d = last[1, it] - last[0, it]
+            return ((h[it] - last[0, it]) @ d / d.square().sum()).item()
+
+        return share(final(1, 0)), share(final(0, 1))
+
+
+def _split(kind):
+    w, v = split_by_hand()
+    return {
+        "ok": {"weights": w, "values": v},
+        "swapped": {"weights": v, "values": w},
+        "lead": dict(zip(("weights", "values"), split_by_hand(measure="lead"), strict=True)),
+        "layer_output": dict(zip(("weights", "values"), split_by_hand(values_layer=3), strict=True)),
+        "layer_3": dict(zip(("weights", "values"), split_by_hand(layer=3), strict=True)),
+        "all_positions": dict(zip(("weights", "values"), split_by_hand(all_positions=True), strict=True)),
+        "other": {"weights": 0.2, "values": 0.3},
+    }[kind]
+
+
+SPLIT_CASES = [
+    ("ok", True, "travels in the value vectors"),
+    ("swapped", False, "the two are swapped"),
+    ("lead", False, "not the share (vector)"),
+    ("layer_output", False, "from the layer's output"),
+    ("layer_3", False, "layer 3's heads"),
+    ("all_positions", False, "at every position"),
+    ("other", False, "the model gives other values"),
+]
+
+
+@pytest.mark.parametrize("kind, expected, phrase", SPLIT_CASES, ids=[c[0] for c in SPLIT_CASES])
+def test_weights_values_split_checker(capsys, kind, expected, phrase):
+    result, out = run(capsys, ex.check_weights_values_split, _split(kind))
+    assert result.passed is expected, out
+    assert phrase in out, out
+
+
+def test_weights_values_split_truth():
+    """By hand: the values carry the change (about 0.44 of the vector), the weights almost none,
+    and the carrier prediction checker names "values"."""
+    w, v = split_by_hand()
+    assert v > 0.4 and abs(w) < 0.05
+    m = ex.nb09._split_measurements()
+    assert np.allclose(m["right"]["vector"], (w, v), atol=1e-5)

@@ -38,6 +38,8 @@ __all__ = [
     "check_silenced_heads",
     "check_silencing_prediction",
     "check_random_sets",
+    "check_carrier_prediction",
+    "check_weights_values_split",
 ]
 
 
@@ -713,4 +715,147 @@ def check_random_sets(random_sets, random_changes=None, named_changes=None, my_c
                "at least one lies beyond every random set")
     return (f"{shown}: {truth}. {beyond[0]} random sets change them less than the highest-[CLS] "
             f"set and {beyond[1]} more than the lowest: {extreme}. Random sets mix layers: "
-            "compare heads within the same layers next.")
+            "heads compared within the same layers are the next control (the solutions show one).")
+
+
+# --------------------------------------------------------------------------------------------
+# 9.4 Weights or values? Layer 2's heads 1, 3 and 8 at "it", tired run patched from the wide one
+# --------------------------------------------------------------------------------------------
+_SPLIT_LAYER, _SPLIT_HEADS = 2, (1, 3, 8)
+
+
+@functools.lru_cache(maxsize=1)
+def _split_measurements() -> dict:
+    """Shares (vector and lead) restored in the tired run when layer 2's heads 1, 3 and 8 get, at
+    "it" only, the wide run's weights (values from the tired run) or values (weights from the
+    tired run), or both; and the same measured with the typical mistakes."""
+    import torch.nn.functional as F
+
+    from shared.pretrained import load_minilm, tokenize
+
+    model = load_minilm()
+    tired = "The animal didn't cross the street because it was too tired."
+    ids, mask, toks = tokenize([tired, tired.replace("tired", "wide")], model.tokenizer)
+    it, animal, street = (toks[0].index(w) for w in ("it", "animal", "street"))
+    with torch.no_grad():
+        out = model(ids, mask, return_all=True)
+    T = ids.shape[1]
+
+    def head_outputs(layer, weights_from, values_from, values_layer=None):
+        """(T, head, head_dim): each query's heads: one run's weights, the other's values."""
+        att = model.layers[layer].attention
+        x = out.hidden_states[layer if values_layer is None else values_layer][values_from]
+        with torch.no_grad():
+            v = att.W_value(x).view(T, att.num_heads, att.head_dim)
+        return torch.einsum("hqj,jhd->qhd", out.weights[layer][weights_from], v)
+
+    def lead(h):
+        return float(F.cosine_similarity(h[it], h[animal], dim=0)
+                     - F.cosine_similarity(h[it], h[street], dim=0))
+
+    last = out.hidden_states[-1]
+    x_tired, x_wide = last[0, it], last[1, it]
+    m_tired, m_wide = lead(last[0]), lead(last[1])
+
+    def shares(weights_from, values_from, layer=_SPLIT_LAYER, positions=(it,), values_layer=None):
+        new = head_outputs(layer, weights_from, values_from, values_layer)
+        att = model.layers[layer].attention
+        pos = list(positions)
+
+        def patch(module, args):
+            x = args[0].clone().view(1, T, att.num_heads, att.head_dim)
+            for h in _SPLIT_HEADS:
+                x[0, pos, h] = new[pos, h]
+            return (x.view(1, T, -1),)
+
+        hook = att.out_proj.register_forward_pre_hook(patch)
+        try:
+            with torch.no_grad():
+                h = model(ids[:1])[0]
+        finally:
+            hook.remove()
+        vec = float((h[it] - x_tired) @ (x_wide - x_tired) / (x_wide - x_tired).square().sum())
+        return vec, (lead(h) - m_tired) / (m_wide - m_tired)
+
+    def split(**kw):
+        (wv, wl), (vv, vl) = shares(1, 0, **kw), shares(0, 1, **kw)
+        return {"vector": (wv, vv), "lead": (wl, vl)}
+
+    return {"right": split(), "both": shares(1, 1), "wrong layer": split(layer=_SPLIT_LAYER + 1),
+            "layer output": split(values_layer=_SPLIT_LAYER + 1),
+            "all positions": split(positions=range(T))}
+
+
+_CARRIERS = ("weights", "values")
+
+
+@_prediction_checker
+def check_carrier_prediction(my_prediction):
+    """``my_prediction``: ``"weights"`` or ``"values"``: which of the two, patched alone from the
+    wide run into layer 2's heads 1, 3 and 8 at "it", restores most of what patching their whole
+    outputs restores. Once filled in, the checker measures both (to one decimal, so that the
+    measurement of 9.4b is still the learner's) and prints them next to the guess."""
+    if my_prediction is None:
+        raise _NotAttempted('write "weights" or "values" in my_prediction; the measurement is '
+                            "shown once it is filled in")
+    if not isinstance(my_prediction, str):
+        raise _Wrong(f'my_prediction is one string, "weights" or "values"; got '
+                     f"{type(my_prediction).__name__} {my_prediction!r}")
+    if my_prediction not in _CARRIERS:
+        raise _Wrong(f'my_prediction must be "weights" or "values"; got {my_prediction!r}')
+    m = _split_measurements()
+    w, v = m["right"]["vector"]
+    w1, v1, b1 = (round(x, 1) + 0.0 for x in (w, v, m["both"][0]))  # + 0.0: no "-0.0"
+    shown = (f"measured (share of the vector of 'it', to one decimal): the wide run's weights "
+             f"alone restore about {w1:.1f}, its values alone about {v1:.1f}, both together "
+             f"about {b1:.1f}; you guessed {my_prediction!r}")
+    truth = "values" if v > w else "weights"
+    if my_prediction != truth:
+        raise _Missed(f"{shown}. What closes the gap: these heads look at the last word in both "
+                      "sentences, so new weights only move a little weight around the tired "
+                      "sentence's own value vectors, none of which holds 'wide'; the value vector "
+                      "at the last word is what changed. Now measure the split.")
+    return (f"{shown}. Where a head looks barely matters here; what it reads there does. Now "
+            "measure the split.")
+
+
+@_checker
+def check_weights_values_split(split):
+    """``split``: ``{"weights": a, "values": b}``, the share (vector) of "it" restored when layer
+    2's heads 1, 3 and 8 get, at "it" only, the wide run's attention weights (values from the
+    tired run), and the wide run's value vectors (weights from the tired run). Graded against the
+    model, with the typical mistakes named."""
+    if split is None:
+        raise _NotAttempted('fill in split = {"weights": ..., "values": ...}')
+    if not isinstance(split, dict) or set(split) != set(_CARRIERS):
+        raise _Wrong(f'split must be a dict {{"weights": a, "values": b}}; got {split!r}')
+    if any(split[k] is None for k in _CARRIERS):
+        raise _NotAttempted("fill in both shares in split")
+    try:
+        got = np.array([float(split[k]) for k in _CARRIERS])
+    except (TypeError, ValueError):
+        raise _Wrong(f"each share is one number; got {split!r}") from None
+    m = _split_measurements()
+    right = np.array(m["right"]["vector"])
+    if _close(got, right, atol=1e-3):
+        return (f"weights alone {right[0]:.3f}, values alone {right[1]:.3f}, both "
+                f"{m['both'][0]:.3f}: the change travels in the value vectors; the weights of "
+                "these heads carry almost none of it.")
+    _diagnose(got, [
+        ("the two are swapped: 'weights' is the run with the wide run's weights and the tired "
+         "run's values", right[::-1]),
+        ("that is the share (lead), not the share (vector): use along(...), not the lead",
+         np.array(m["right"]["lead"])),
+        ("that is the share with both weights and values from the wide run, in each entry: "
+         "keep one of them from the tired run", np.array([m["both"][0]] * 2)),
+        ("the values come from the layer's output, hidden_states[3]: a layer's values are "
+         "computed from its input, hidden_states[2]", np.array(m["layer output"]["vector"])),
+        ("those are layer 3's heads 1, 3 and 8: patch layer 2 (layers count from 0)",
+         np.array(m["wrong layer"]["vector"])),
+        ("you patched the heads' outputs at every position: patch them at 'it' only (the "
+         "question is what reaches 'it')", np.array(m["all positions"]["vector"])),
+    ], atol=1e-3)
+    raise _Wrong(f"split is {got.round(3).tolist()}; the model gives other values. Build each "
+                 "head's output at 'it' from one run's weights (weights_p[s, 2, :, it]) and the "
+                 "other run's value vectors (W_value of hidden_states[2]), and patch only heads 1, "
+                 "3 and 8 of layer 2, at 'it'")

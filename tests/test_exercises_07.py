@@ -184,6 +184,14 @@ def fix_float64(x, positions, base=10000.0):
     return fix_by_pairs(x.double(), positions, base)
 
 
+def fix_float32_angles(x, positions, base=10000.0):  # theta and the angles in float32, whatever x is
+    d = x.shape[-1]
+    theta = base ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)
+    a = torch.as_tensor(positions, dtype=torch.float32)[:, None] * theta
+    x1, x2 = x[..., :d // 2], x[..., d // 2:]
+    return torch.cat((x1 * a.cos() - x2 * a.sin(), x1 * a.sin() + x2 * a.cos()), dim=-1).to(x.dtype)
+
+
 # 7.3 to_half_split (fused GPT-NeoX layout) ----------------------------------------------------
 def fused_ok(W, num_heads):
     d_in, head_dim = W.shape[0], W.shape[1] // (3 * num_heads)
@@ -400,6 +408,7 @@ CASES = [
     (C.check_rope_fix, (fix_in_place_halves,), False, "changed x in place"),
     (C.check_rope_fix, (fix_calls_apply_rope,), False, "rope_fixed calls apply_rope"),
     (C.check_rope_fix, (fix_float64,), False, "return x's dtype"),
+    (C.check_rope_fix, (fix_float32_angles,), False, "compute the angles in float64, then .to(x.dtype)"),
     (C.check_to_half_split, (fused_ok,), True, "only the query and key columns moved"),
     (C.check_to_half_split, (fused_loop,), True, "max diff < 1e-12"),
     (C.check_to_half_split, (fused_numpy,), True, OK),

@@ -372,17 +372,28 @@ CASES = [
     (C.check_llama_step_fix, (step_repeated_cache,), False, "cache the 2 key/value heads"),
     (C.check_llama_step_fix, (step_out_only,), False, "return three things"),
     (C.check_llama_step_fix, (llama_attention,), False, "llama_attention raised TypeError"),
-    (C.check_ceiling_prediction, (32,), True, "4 x 7.2 = 28.8"),
-    (C.check_ceiling_prediction, (28.8,), True, "larger MLP"),
-    (C.check_ceiling_prediction, (None,), None, NA),
-    (C.check_ceiling_prediction, (8.0,), False, "g = 4 times"),
-    (C.check_ceiling_prediction, (7.2,), False, "Llama-2-7B's ceiling"),
-    (C.check_ceiling_prediction, (11,), False, "leave out the MLP"),
-    (C.check_ceiling_prediction, (16,), False, "2 bytes, not 4"),
-    (C.check_ceiling_prediction, (1.1,), False, "that is batch 1"),
-    (C.check_ceiling_prediction, (295,), False, "too high"),
-    (C.check_ceiling_prediction, (20,), False, "too low"),
-    (C.check_ceiling_prediction, ("32",), False, "should be a number"),
+    (C.check_ceiling_prediction, (32, 8), True, "4 x 7.2 = 28.8 would miss"),
+    (C.check_ceiling_prediction, (30.5, 8.3), True, "wider MLP"),
+    (C.check_ceiling_prediction, (None, None), None, "are still None"),
+    (C.check_ceiling_prediction, (32, None), None, "ceiling_repeat_kv is still None"),
+    (C.check_ceiling_prediction, (28.8, 8), False, "scaled Llama-2-7B's 7.2 by 4"),
+    (C.check_ceiling_prediction, (28.8, 8), False, "ceiling_repeat_kv is right"),
+    (C.check_ceiling_prediction, (32, 7.2), False, "the MLP and the vocabulary differ"),
+    (C.check_ceiling_prediction, (32, 7.2), False, "ceiling_read_once is right"),
+    (C.check_ceiling_prediction, (8.0, 32), False, "swapped"),
+    (C.check_ceiling_prediction, (8.0, 8.0), False, "g = 4 times"),
+    (C.check_ceiling_prediction, (32, 32), False, "writes g = 4 copies"),
+    (C.check_ceiling_prediction, (7.2, 8), False, "Llama-2-7B's ceiling"),
+    (C.check_ceiling_prediction, (11, 8), False, "leave out the MLP"),
+    (C.check_ceiling_prediction, (32, 2.74), False, "leave out the MLP"),
+    (C.check_ceiling_prediction, (16, 8), False, "2 bytes, not 4"),
+    (C.check_ceiling_prediction, (32, 4), False, "2 bytes, not 4"),
+    (C.check_ceiling_prediction, (64, 8), False, "2 bytes, not 1"),
+    (C.check_ceiling_prediction, (1.1, 8), False, "that is batch 1"),
+    (C.check_ceiling_prediction, (295, 8), False, "too high"),
+    (C.check_ceiling_prediction, (20, 8), False, "too low"),
+    (C.check_ceiling_prediction, (32, 2.0), False, "too low"),
+    (C.check_ceiling_prediction, ("32", 8), False, "should be a number"),
     (C.check_decode_flop_per_byte, (roof_ok,), True, "ceiling 32.0"),
     (C.check_decode_flop_per_byte, (stub,), None, NA),
     (C.check_decode_flop_per_byte, (roof_repeat,), False, "once for its whole group"),
@@ -475,10 +486,14 @@ def test_roofline_mistakes_are_told_apart_on_the_hidden_cases():
 def test_ceiling_prediction_hides_the_answer_when_wrong(capsys):
     """A wrong prediction is told a direction or a named mistake, never the value; 8.1's wrong guesses
     name only the wrong entries, never the measurement."""
-    for guess in (8.0, 11, 16, 1.1, 20, 295):
-        ex.check_ceiling_prediction(guess)
+    for once, repeat in ((8.0, 8.0), (28.8, 7.2), (11, 2.74), (16, 4), (1.1, 1.1), (20, 2.0), (295, 30),
+                         (8.0, 32), (32, 7.2), (28.8, 8)):
+        ex.check_ceiling_prediction(once, repeat)
         out = capsys.readouterr().out
-        assert "32.0" not in out and "31.9" not in out, out
+        # the right values (31.96 and 7.99) never appear, except as the learner's own guess echoed back
+        echoed = {f"{v:{fmt}}" for v in (once, repeat) for fmt in (".3g", ".1f")}
+        banned = {"32.0", "31.9", "7.99", "8.0"} - echoed
+        assert not any(v in out for v in banned), out
     ex.check_llama_step_prediction(LINES, {**PREDICTED, "bug A, H_kv = 2": "decode"})
     out = capsys.readouterr().out
     assert "'bug A, H_kv = 2'" in out and "'bug B" not in out and "measured" not in out, out
@@ -543,6 +558,21 @@ def test_reference_solutions_agree_with_independent_facts():
     assert round(roof_ok(llama2, 4096, 10**9), 1) == 7.2
     assert roof_parts(LLAMA_3_8B, 4096, torch.bfloat16)[2] * 4 == kv_cache_bytes(32, 32, 128, T=4096)
     assert 31.9 < roof_ok(LLAMA_3_8B, 4096, 10**9) < 32.0
+    assert 7.98 < roof_repeat(LLAMA_3_8B, 4096, 10**9) < 8.0
+
+
+def test_ceiling_prediction_grades_each_number_within_five_percent():
+    """The two ceilings, computed from the description (roof_ok, roof_repeat at a batch of 10**9):
+    guesses 4% off pass, 6% off fail, for each number alone; the naive 4 x 7.2 = 28.8 and Llama-2-7B's
+    7.2 lie outside the bands."""
+    once, repeat = roof_ok(LLAMA_3_8B, 4096, 10**9), roof_repeat(LLAMA_3_8B, 4096, 10**9)
+    assert abs(4 * 7.2 - once) > 0.05 * once and abs(7.2 - repeat) > 0.05 * repeat
+    for f in (0.96, 1.04):
+        assert ex.check_ceiling_prediction(f * once, repeat).passed
+        assert ex.check_ceiling_prediction(once, f * repeat).passed
+    for f in (0.94, 1.06):
+        assert ex.check_ceiling_prediction(f * once, repeat).passed is False
+        assert ex.check_ceiling_prediction(once, f * repeat).passed is False
     # the ring buffer keeps the tokens shared.generation.KVCache(window, sinks) keeps
     ring, cache = RingOK(window=3, sinks=2), KVCache(window=3, sinks=2)
     for p in range(9):

@@ -384,45 +384,88 @@ def _llama3_ceiling(mistake: str | None = None) -> float:
     return _roofline(_roof_numbers(_LLAMA_3_8B, 4096, 1, torch.bfloat16), mistake, ceiling=True)
 
 
-@_checker
-def check_ceiling_prediction(llama3_ceiling):
-    """``llama3_ceiling``: the learner's prediction, by hand and before any code, of the most
-    FLOPs per byte one Llama-3-8B decode step at T = 4096 (16-bit) reaches for any batch, with a
-    kernel that reads each cached key/value head once for its group (about 32; within 15%). A
-    prediction near a known mistake is told which; the value itself is shown only when right."""
-    if llama3_ceiling is None:
-        raise _NotAttempted("llama3_ceiling is still None: write down your prediction first")
-    number = (int, float, np.integer, np.floating)
-    if isinstance(llama3_ceiling, bool) or not isinstance(llama3_ceiling, number) \
-            or not np.isfinite(llama3_ceiling):
-        raise _Wrong(f"llama3_ceiling should be a number of FLOPs per byte; got {llama3_ceiling!r}")
-    p, right = float(llama3_ceiling), _llama3_ceiling()
-    if abs(p - right) <= 0.15 * right:
-        gqa_only = 4 * 7.2
-        return (f"the ceiling is {right:.1f} FLOP per byte (Llama-2-7B: 7.2). A quarter of the "
-                f"cache alone would give 4 x 7.2 = {gqa_only:.1f}; Llama-3-8B's larger MLP and "
-                "vocabulary add FLOPs per sequence. Now compute it.")
-    known = (  # (value, what it misses); all far outside the 15% band around the right value
-        (7.2, "that is Llama-2-7B's ceiling: what happens to the bytes of a sequence's cache when "
-              "32 query heads share 8 key/value heads?"),
-        (_llama3_ceiling("repeat"), "that is the ceiling of a kernel that reads every key/value "
-                                    "head g = 4 times (repeat_kv, or expand + reshape); here each "
-                                    "cached head is read once for its group"),
-        (_llama3_ceiling("no_mlp"), "did you leave out the MLP? Its three 4096 x 14336 matrices "
-                                    "are most of the weights, and each sequence does 2 FLOPs per "
-                                    "weight"),
-        (_llama3_ceiling("e2") / 2, "a 16-bit number is 2 bytes, not 4"),
-        (_llama3_ceiling("e2") * 2, "a 16-bit number is 2 bytes, not 1"),
-        (_roofline(_roof_numbers(_LLAMA_3_8B, 4096, 1, torch.bfloat16)),
-         "that is batch 1, where the weights' bytes dominate; the ceiling is the large-batch "
-         "limit, where all sequences share one read of the weights and each reads its own cache"),
-    )
+def _ceiling_hint(p: float, which: str) -> str | None:
+    """None if the prediction ``p`` of ceiling ``which`` ("read once" or "repeat_kv") is within 5%
+    of the right value, else what it misses: a named mistake when ``p`` is within 4% of one (the
+    bands do not overlap each other or the 5% band), else a direction. Never the value itself."""
+    right = _llama3_ceiling("repeat" if which == "repeat_kv" else None)
+    if abs(p - right) <= 0.05 * right:
+        return None
+    batch_1 = _roofline(_roof_numbers(_LLAMA_3_8B, 4096, 1, torch.bfloat16))
+    mlp_vocab = ("the MLP and the vocabulary differ: Llama-3-8B's wider MLP (14336) and larger "
+                 "vocabulary (128256) add FLOPs per sequence, and its k_proj and v_proj are "
+                 "smaller; count one sequence's FLOPs for Llama-3-8B")
+    no_mlp = ("did you leave out the MLP? Its three 4096 x 14336 matrices are most of the weights, "
+              "and each sequence does 2 FLOPs per weight")
+    bytes_hints = ((_llama3_ceiling("e2") / 2, "a 16-bit number is 2 bytes, not 4"),
+                   (_llama3_ceiling("e2") * 2, "a 16-bit number is 2 bytes, not 1"))
+    if which == "read once":
+        known = (
+            (4 * 7.2, "you scaled Llama-2-7B's 7.2 by 4: the cache shrinks 4 times, but "
+                      + mlp_vocab),
+            (7.2, "that is Llama-2-7B's ceiling: what happens to the bytes of a sequence's cache "
+                  "when 32 query heads share 8 key/value heads?"),
+            (_llama3_ceiling("repeat"), "that is the ceiling of a kernel that reads every "
+                                        "key/value head g = 4 times (repeat_kv); this kernel "
+                                        "reads each cached head once for its group"),
+            (_llama3_ceiling("no_mlp"), no_mlp),
+            *bytes_hints,
+        )
+    else:
+        known = (
+            (7.2, "you took Llama-2-7B's 7.2: through repeat_kv the cache read is as large as "
+                  "Llama-2-7B's, but " + mlp_vocab),
+            (_llama3_ceiling(), "that is the ceiling of a kernel that reads each cached head "
+                                "once; repeat_kv first writes g = 4 copies of every key/value "
+                                "head, and attention reads all of them"),
+            (_llama3_ceiling("no_mlp") / 4, no_mlp),
+            *((v / 4, h) for v, h in bytes_hints),
+        )
+    known = (*known, (batch_1, "that is batch 1, where the weights' bytes dominate; the ceiling is "
+                               "the large-batch limit, where all sequences share one read of the "
+                               "weights and each reads its own cache"))
     for value, why in known:
-        if abs(p - value) <= 0.08 * value:
-            raise _Wrong(f"your prediction {p:.3g} is off: {why}")
-    raise _Wrong(f"your prediction {p:.3g} is too {'high' if p > right else 'low'}: at the ceiling "
-                 "only what one sequence does counts, its FLOPs per step (2 per weight, plus "
-                 "attention) over the bytes of its own cache")
+        if abs(p - value) <= 0.04 * value:
+            return why
+    return (f"too {'high' if p > right else 'low'}: at the ceiling only what one sequence does "
+            "counts, its FLOPs per step (2 per weight, plus attention) over the bytes of its cache "
+            "as the kernel reads them")
+
+
+@_checker
+def check_ceiling_prediction(ceiling_read_once, ceiling_repeat_kv):
+    """The learner's two predictions, by hand and before any code, of the most FLOPs per byte one
+    Llama-3-8B decode step at T = 4096 (16-bit) reaches for any batch: ``ceiling_read_once`` with
+    a kernel that reads each cached key/value head once for its group (about 32),
+    ``ceiling_repeat_kv`` through ``repeat_kv`` (about 8). Each within 5%, so that 4 x 7.2 = 28.8
+    (Llama-2-7B's ceiling scaled by g, with Llama-2's MLP and vocabulary) fails. A prediction near
+    a known mistake is told which; the values are shown only when both are right."""
+    guesses = {"ceiling_read_once": ceiling_read_once, "ceiling_repeat_kv": ceiling_repeat_kv}
+    missing = [name for name, v in guesses.items() if v is None]
+    if missing:
+        raise _NotAttempted(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} still "
+                            "None: write down your predictions first")
+    number = (int, float, np.integer, np.floating)
+    for name, v in guesses.items():
+        if isinstance(v, bool) or not isinstance(v, number) or not np.isfinite(v):
+            raise _Wrong(f"{name} should be a number of FLOPs per byte; got {v!r}")
+    once, repeat = float(ceiling_read_once), float(ceiling_repeat_kv)
+    if _ceiling_hint(repeat, "read once") is None and _ceiling_hint(once, "repeat_kv") is None:
+        raise _Wrong("your two numbers are swapped: which kernel reads more bytes per step, and "
+                     "which ceiling does that lower?")
+    hints = {"ceiling_read_once": _ceiling_hint(once, "read once"),
+             "ceiling_repeat_kv": _ceiling_hint(repeat, "repeat_kv")}
+    if all(h is None for h in hints.values()):
+        right, repeated = _llama3_ceiling(), _llama3_ceiling("repeat")
+        return (f"read once, {right:.1f} FLOP per byte; through repeat_kv, {repeated:.1f} "
+                f"(Llama-2-7B: 7.2). 4 x 7.2 = {4 * 7.2:.1f} would miss that Llama-3-8B's wider "
+                "MLP and larger vocabulary add FLOPs per sequence; through repeat_kv the step "
+                "reads as many cache bytes as Llama-2-7B's and still does more FLOPs. Now "
+                "compute it.")
+    given = {"ceiling_read_once": once, "ceiling_repeat_kv": repeat}
+    parts = [f"{name} is right" if h is None else f"{name} {given[name]:.3g} is off: {h}"
+             for name, h in hints.items()]
+    raise _Wrong("; ".join(parts))
 
 
 @_checker

@@ -34,6 +34,9 @@ __all__ = [
     "interleaved_times",
     "interleaved_medians",
     "interleaved_best",
+    "best_times_ms",
+    "minor_page_faults",
+    "sdpa_backend_calls",
     "attention_flops",
     "gflops",
     "matmul_gflops",
@@ -188,6 +191,44 @@ def interleaved_best(fns: dict[str, Callable[[], object]], device="cpu", rounds:
         for name, fn in fns.items():
             best[name] = min(best[name], min(_measurement(fn, device, min_run_time, clock).times))
     return best
+
+
+def best_times_ms(fns: dict[str, Callable[[], object]], device="cpu", rounds: int = 3,
+                  min_run_time: float = 0.02) -> dict[str, float]:
+    """``{name: milliseconds per call}``: :func:`interleaved_best` (candidates timed in turns,
+    ``rounds`` times, each keeping its fastest block), with the clock chosen for the device.
+
+    With torch on one CPU thread the clock is ``time.process_time``, the CPU time this process
+    used: it leaves out the moments the operating system gave the core to other programs, so a
+    busy neighbour barely moves the figure. With several threads, or on a GPU, the Timer's own
+    clock (wall time, synchronising the device before each reading) is kept: CPU time would add up
+    the threads' times, and a GPU's work is not this process's CPU time at all."""
+    import time
+
+    one_cpu_thread = torch.device(device).type == "cpu" and torch.get_num_threads() == 1
+    clock = time.process_time if one_cpu_thread else None
+    best = interleaved_best(fns, device, rounds, min_run_time, clock)
+    return {name: 1e3 * seconds for name, seconds in best.items()}
+
+
+def minor_page_faults(fn: Callable[[], object], calls: int = 3) -> float | None:
+    """Minor page faults per call of ``fn()`` (after one untimed call), from
+    ``resource.getrusage``: first touches of memory pages the C library has just taken fresh from
+    the operating system. A function that allocates large fresh tensors on every call pays them;
+    one that writes into buffers it already owns does not. ``None`` where the ``resource`` module
+    does not exist (Windows)."""
+    _check_callable(fn)
+    if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
+        raise ValueError(f"calls must be a positive integer; got {calls!r}")
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    fn()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(calls):
+        fn()
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / calls
 
 
 def attention_flops(B: int, H: int, T_q: int, T_k: int, head_dim: int, causal: bool = False) -> int:
@@ -424,15 +465,16 @@ def sdpa_kernel_used(fn: Callable[[], object]) -> list[tuple[str, str]]:
     return [(_SDPA_KERNEL_OPS[op], op) for op in ops if op in _SDPA_KERNEL_OPS]
 
 
-def sdpa_backend_times(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, causal: bool = False,
-                       min_run_time: float = 0.2) -> dict[str, float]:
-    """Median seconds per call of SDPA on ``Q, K, V`` with each backend forced in turn, for the
-    backends that accept these inputs (the others are left out): ``{name: seconds}``.
+def sdpa_backend_calls(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor,
+                       causal: bool = False) -> dict[str, Callable[[], torch.Tensor]]:
+    """``{backend name: fn}``, where ``fn()`` runs SDPA on ``Q, K, V`` with that backend forced
+    (``torch.nn.attention.sdpa_kernel``), for the backends that accept these inputs (each is tried
+    once; the others are left out). Time them with :func:`best_times_ms` or :func:`time_fn`.
 
     Shapes: Q ``(..., T_q, d_k)``, K ``(..., T_k, d_k)``, V ``(..., T_k, d_v)``, on one device."""
     from torch.nn.attention import sdpa_kernel
 
-    times = {}
+    calls = {}
     for name in SDPA_BACKENDS:
         backend = _sdpa_backend(name)
 
@@ -441,14 +483,25 @@ def sdpa_backend_times(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, causal
                 return F.scaled_dot_product_attention(Q, K, V, is_causal=causal)
 
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings():  # a backend that declines says why in a warning
                 warnings.simplefilter("ignore")
                 call()
-                times[name] = time_fn(call, Q.device, min_run_time)
         except (RuntimeError, TypeError) as err:
             if is_out_of_memory(err):
                 raise
-    return times
+            continue
+        calls[name] = call
+    return calls
+
+
+def sdpa_backend_times(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, causal: bool = False,
+                       min_run_time: float = 0.2) -> dict[str, float]:
+    """Median seconds per call of SDPA on ``Q, K, V`` with each backend forced in turn, for the
+    backends that accept these inputs (the others are left out): ``{name: seconds}``.
+
+    Shapes: Q ``(..., T_q, d_k)``, K ``(..., T_k, d_k)``, V ``(..., T_k, d_v)``, on one device."""
+    return {name: time_fn(call, Q.device, min_run_time)
+            for name, call in sdpa_backend_calls(Q, K, V, causal).items()}
 
 
 def memory_bandwidth(device="cpu", mib: int | None = None, min_run_time: float = 0.2) -> float:

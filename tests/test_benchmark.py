@@ -13,6 +13,7 @@ from shared.benchmark import (
     aten_ops,
     attention_bytes,
     attention_flops,
+    best_times_ms,
     cpu_peak_memory,
     device_memory_bytes,
     dtype_works,
@@ -23,12 +24,14 @@ from shared.benchmark import (
     is_out_of_memory,
     machine_info,
     memory_bandwidth,
+    minor_page_faults,
     naive_peak_bytes,
     naive_score_bytes,
     numpy_threads,
     operation_count,
     peak_memory,
     pick_device,
+    sdpa_backend_calls,
     sdpa_backend_times,
     sdpa_backends,
     sdpa_kernel_used,
@@ -223,6 +226,44 @@ def test_sdpa_backend_times_only_the_usable_backends():
     usable = [name for name, ok in sdpa_backends("cpu").items() if ok]
     assert list(times) == usable
     assert all(t > 0 for t in times.values())
+
+
+def test_sdpa_backend_calls_force_each_usable_backend():
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 32, 16, generator=gen) for _ in range(3))
+    calls = sdpa_backend_calls(q, k, v, causal=True)
+    assert list(calls) == [name for name, ok in sdpa_backends("cpu").items() if ok]
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    for name, call in calls.items():
+        ran = [backend for backend, _ in sdpa_kernel_used(call)]
+        assert ran == [name]  # the profiler sees the forced backend, not the default one
+        torch.testing.assert_close(call(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_best_times_ms_is_in_milliseconds_and_picks_the_clock(monkeypatch):
+    times = best_times_ms({"sleep": lambda: time.sleep(0.003), "work": lambda: sum(range(20_000))},
+                          "cpu", rounds=2, min_run_time=0.02)
+    assert set(times) == {"sleep", "work"}
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)  # one thread: CPU time, which does not count a sleep
+        one = best_times_ms({"sleep": lambda: time.sleep(0.003)}, "cpu", rounds=1, min_run_time=0.02)
+        torch.set_num_threads(2)  # several threads: wall time, which does
+        two = best_times_ms({"sleep": lambda: time.sleep(0.003)}, "cpu", rounds=1, min_run_time=0.02)
+    finally:
+        torch.set_num_threads(threads)
+    assert one["sleep"] < 0.3  # a 3 ms sleep costs almost no CPU time
+    assert 2.9 < two["sleep"] < 30  # 3 ms of wall time, in milliseconds
+
+
+def test_minor_page_faults_count_fresh_memory_only():
+    pytest.importorskip("resource")  # Linux and macOS
+    held = torch.zeros(2**22)  # 16 MiB owned once
+    assert minor_page_faults(lambda: held.fill_(1.0)) < 4  # writing into owned pages: (almost) no fault
+    fresh = minor_page_faults(lambda: torch.ones(2**24))  # 64 MiB fresh per call, touched
+    assert fresh >= 16  # even with 2 MiB huge pages, 64 MiB is at least 32 of them
+    with pytest.raises(ValueError, match="calls"):
+        minor_page_faults(lambda: None, calls=0)
 
 
 def test_attention_bytes_by_hand():

@@ -298,7 +298,7 @@ def check_position_mean_ablation(position_mean_ablate, prediction, model):
                          "mean over the batch erases it")
         raise _Wrong(f"you predicted {call!r}, but {numbers} against {single:.2f} with one mean: "
                      "this model gets part of induction back from the per-position means")
-    said = "" if call == truth else f' ("{call}" makes the same call: no mean brings induction back)'
+    said = "" if call == truth else f' ("{call}" makes the same call: no mean brings it back)'
     relation = {"better": "lower than", "about equal": "about equal to", "worse": "higher than"}
     if truth == "better":
         return f"{numbers}, {relation[truth]} one mean's {single:.2f}; you predicted \"better\"."

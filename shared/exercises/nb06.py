@@ -211,29 +211,32 @@ def _mean_ablation_variants(model, tokens, heads) -> dict:
     }
 
 
-_LOSS_TOLERANCE = 0.5  # nats: a predicted repeat loss this close to the measured one passes
+_CALLS = ("better", "about equal", "worse")  # the repeat loss compared with one mean's
+_EQUAL_BAND = 0.15  # nats: per-position and one-mean losses closer than this are "about equal"
 
 
 @_checker
-def check_position_mean_ablation(position_mean_ablate, predicted_loss, model):
+def check_position_mean_ablation(position_mean_ablate, prediction, model):
     """``position_mean_ablate(model, tokens, heads)`` -> logits ``(B, T, vocab_size)`` of the
     ``TinyTransformer`` ``model`` on ``tokens`` ``(B, T)``, with each ``(layer, head)`` in
     ``heads`` writing, at every position ``t``, its output at ``t`` averaged over the batch (in
-    the unablated model) instead of its own output. ``predicted_loss``: your prediction (nats)
-    of the repeat loss without the previous-token head, replaced by its per-position means; it
-    must be filled in before anything is measured and passes within 0.5 nats. ``model``: the
+    the unablated model) instead of its own output. ``prediction``: "better", "about equal" or
+    "worse": the repeat loss without the previous-token head, replaced by its per-position means,
+    compared with one mean's; it must be filled in before anything is measured. "better" (part of
+    induction comes back) is the call graded; "about equal" and "worse" both say that no mean
+    brings it back, and the message says which one the measurement is. ``model``: the
     notebook's trained model, on which the checker measures it (hidden batch, period 10)."""
     from ..tiny_transformer import TinyTransformer, repeated_tokens
 
     if callable(position_mean_ablate) and not _core._did_work(position_mean_ablate):
         _call(position_mean_ablate, None, None, [], name="position_mean_ablate")  # a stub
-    if predicted_loss is None:
-        raise _NotAttempted("write your prediction into predicted_loss first: the checker "
+    if prediction is None:
+        raise _NotAttempted("write your prediction into prediction first: the checker "
                             "measures only once it is filled in")
-    if isinstance(predicted_loss, bool) or not isinstance(predicted_loss, (int, float, np.number)) \
-            or not 0 <= float(predicted_loss) <= 30:
-        raise _Wrong("predicted_loss should be a number of nats (a cross-entropy, e.g. 2.5); got "
-                     f"{predicted_loss!r}")
+    call = prediction.strip().lower() if isinstance(prediction, str) else None
+    if call not in _CALLS:
+        raise _Wrong('prediction should be one of "better", "about equal" or "worse" (the repeat '
+                     f"loss compared with one mean's); got {prediction!r}")
     for seed, heads in ((621, [(0, 1)]), (622, [(1, 2)]), (623, [(0, 0), (1, 1)])):
         torch.manual_seed(seed)
         net = TinyTransformer(11, 9, d_model=12, num_heads=3, num_layers=2).eval()
@@ -284,19 +287,24 @@ def check_position_mean_ablation(position_mean_ablate, predicted_loss, model):
     measured, single, zero = (_repeat_loss(refs[k], tokens) for k in ("ok", "global", "zero"))
     numbers = (f"without the previous-token head {prev}, the repeat loss on the hidden batch is "
                f"{measured:.2f} with one mean per position")
-    guess = float(predicted_loss)
-    if guess < measured - _LOSS_TOLERANCE:
-        raise _Wrong(f"you predicted {guess:.2f}, but {numbers} ({single:.2f} with one mean): the "
-                     "per-position mean brings nothing of induction back. What layer 1 needs "
-                     "from the head is which letter came before, and that differs from sequence "
-                     "to sequence, not from position to position: a mean over the batch erases it")
-    if guess > measured + _LOSS_TOLERANCE:
-        raise _Wrong(f"you predicted {guess:.2f}, but {numbers}: losing the head's letter "
-                     f"information costs about as much whatever stands in for it (zero "
-                     f"{zero:.2f}, one mean {single:.2f})")
-    return (f"{numbers} ({single:.2f} with one mean, {zero:.2f} with zero), you predicted "
-            f"{guess:.2f}. No mean brings induction back: the sequence-specific part of the "
-            "head's output, which letter came before, is what the model needs.")
+    gap = measured - single
+    truth = "better" if gap < -_EQUAL_BAND else "worse" if gap > _EQUAL_BAND else "about equal"
+    if (call == "better") != (truth == "better"):
+        if call == "better":
+            raise _Wrong(f'you predicted "better", but {numbers} against {single:.2f} with one '
+                         "mean: the per-position mean brings nothing of induction back. What "
+                         "layer 1 needs from the head is which letter came before, and that "
+                         "differs from sequence to sequence, not from position to position: a "
+                         "mean over the batch erases it")
+        raise _Wrong(f"you predicted {call!r}, but {numbers} against {single:.2f} with one mean: "
+                     "this model gets part of induction back from the per-position means")
+    said = "" if call == truth else f' ("{call}" makes the same call: no mean brings it back)'
+    relation = {"better": "lower than", "about equal": "about equal to", "worse": "higher than"}
+    if truth == "better":
+        return f"{numbers}, {relation[truth]} one mean's {single:.2f}; you predicted \"better\"."
+    return (f"{numbers}, {relation[truth]} one mean's {single:.2f} ({zero:.2f} with zero); you "
+            f'predicted "{call}"{said}. No mean brings induction back: the sequence-specific part '
+            "of the head's output, which letter came before, is what the model needs.")
 
 
 # --------------------------------------------------------------------------------------------

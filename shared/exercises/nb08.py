@@ -226,7 +226,7 @@ def check_llama_step_prediction(bug_lines, first_wrong):
     if off:  # name only the wrong guesses and why, not the measured answers
         verb = "is" if len(off) == 1 else "are"
         raise _Wrong(f"the lines are right; your guess for {', '.join(map(repr, off))} {verb} off: "
-                     + "; ".join(dict.fromkeys(_PREDICT_HINTS[key] for key in off)))  # each hint once
+                     + "; ".join(dict.fromkeys(_PREDICT_HINTS[key] for key in off)))  # once each
     return (f"measured: {shown}. A test of a cached step needs a pass of several tokens after "
             "the prefill (a chunk) and 1 < H_kv < H: the author's test (one pass, H_kv = H) had "
             "neither.")

@@ -675,3 +675,12 @@ def test_predictions_hold_for_the_torch_layer():
     q, k = torch.randn(2, 5, 8, dtype=torch.float64).unbind(0)
     pos = torch.arange(5)
     assert torch.allclose(apply_rope(q, pos) @ apply_rope(k, pos).T, apply_rope(q, pos + 3) @ apply_rope(k, pos + 3).T)
+
+
+def test_llama_step_prediction_prints_a_shared_hint_once(capsys):
+    """Both bug-B guesses wrong share one reasoning hint: it is printed once, not twice."""
+    wrong_b = {**PREDICTED, "bug B, H_kv = 2": "decode", "bug B, H_kv = 1": "decode"}
+    C.check_llama_step_prediction(LINES, wrong_b)
+    out = capsys.readouterr().out
+    shared_hint = nb08._MASK_HINT
+    assert out.count(shared_hint) == 1, out

@@ -143,6 +143,12 @@ _PREDICT_CHOICES = ("prefill", "decode", "never")
 _MASK_HINT = ("compare what is_causal=True lets each query see with the bottom-right mask of "
               "section 2, in the two kinds of pass of this run: a prefill from an empty cache "
               "(T_q = T_k) and a step of one query")
+def _distinct(hints) -> list[str]:
+    """The hints in order, each once, leaving out one that another hint repeats and extends."""
+    hints = list(dict.fromkeys(hints))
+    return [h for h in hints if not any(o != h and o.startswith(h) for o in hints)]
+
+
 _PREDICT_HINTS = {
     "bug A, H_kv = 2": "write out which key/value head each of the 8 query heads reads with "
                        "Tensor.repeat and with repeat_interleave when H_kv = 2 (section 4's "
@@ -226,7 +232,7 @@ def check_llama_step_prediction(bug_lines, first_wrong):
     if off:  # name only the wrong guesses and why, not the measured answers
         verb = "is" if len(off) == 1 else "are"
         raise _Wrong(f"the lines are right; your guess for {', '.join(map(repr, off))} {verb} off: "
-                     + "; ".join(dict.fromkeys(_PREDICT_HINTS[key] for key in off)))  # once each
+                     + "; ".join(_distinct(_PREDICT_HINTS[key] for key in off)))
     return (f"measured: {shown}. A test of a cached step needs a pass of several tokens after "
             "the prefill (a chunk) and 1 < H_kv < H: the author's test (one pass, H_kv = H) had "
             "neither.")

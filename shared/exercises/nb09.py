@@ -142,23 +142,23 @@ def _broken_parts() -> dict[str, tuple[str, str]]:
 
 
 @_checker
-def check_replace_prediction(my_prediction):
-    """``my_prediction``: the set of layer parts (from ``attention.self.query`` ...
+def check_replace_prediction(my_broken_parts):
+    """``my_broken_parts``: the set of layer parts (from ``attention.self.query`` ...
     ``output.LayerNorm``) whose names the notebook's ``tempting_map_name`` maps wrong, predicted
     before running it on them. Graded against the mapper run on every part."""
-    if my_prediction is None:
+    if my_broken_parts is None:
         raise _NotAttempted("write the set of parts you predict tempting_map_name gets wrong in "
-                            "my_prediction; the names it really gets wrong are shown once it is "
+                            "my_broken_parts; the names it really gets wrong are shown once it is "
                             "filled in")
-    if isinstance(my_prediction, str) or not isinstance(my_prediction,
+    if isinstance(my_broken_parts, str) or not isinstance(my_broken_parts,
                                                         (set, frozenset, list, tuple)):
-        raise _Wrong(f"my_prediction must be a set of parts such as {{'intermediate.dense'}}; got "
-                     f"{my_prediction!r}")
-    unknown = [p for p in my_prediction if p not in _LAYER_PARTS]
+        raise _Wrong("my_broken_parts must be a set of parts such as {'intermediate.dense'}; "
+                     f"got {my_broken_parts!r}")
+    unknown = [p for p in my_broken_parts if p not in _LAYER_PARTS]
     if unknown:
         raise _Wrong(f"{unknown[0]!r} is not one of the 8 layer parts: choose from "
                      f"{', '.join(_LAYER_PARTS)}")
-    broken, guessed = _broken_parts(), set(my_prediction)
+    broken, guessed = _broken_parts(), set(my_broken_parts)
     right = sorted(guessed - set(broken))
     if right:
         name = f"encoder.layer.0.{right[0]}.weight"
@@ -592,23 +592,24 @@ def check_punctuation_head(punct_scores, best_head=None):
 
 
 @_prediction_checker
-def check_silencing_prediction(my_prediction):
-    """``my_prediction``: ``"highest"`` or ``"lowest"``, which 10 heads (by [CLS] score) change
+def check_silencing_prediction(my_silencing_guess):
+    """``my_silencing_guess``: ``"highest"`` or ``"lowest"``, which 10 heads (by [CLS] score) change
     the six sentence embeddings more when silenced. Once filled in, the checker measures the
     mean 1 - cos on the model and prints both next to the guess (a guess that misses gets the
     reasoning that closes the gap)."""
-    if my_prediction is None:
-        raise _NotAttempted('write "highest" or "lowest" in my_prediction; the measurement is '
+    if my_silencing_guess is None:
+        raise _NotAttempted('write "highest" or "lowest" in my_silencing_guess; the measurement is '
                             "shown once it is filled in")
-    if not isinstance(my_prediction, str):
-        raise _Wrong(f'my_prediction is one string, "highest" or "lowest"; got '
-                     f"{type(my_prediction).__name__} {my_prediction!r}")
-    if my_prediction not in ("highest", "lowest"):
-        raise _Wrong(f'my_prediction must be "highest" or "lowest"; got {my_prediction!r}')
+    if not isinstance(my_silencing_guess, str):
+        raise _Wrong(f'my_silencing_guess is one string, "highest" or "lowest"; got '
+                     f"{type(my_silencing_guess).__name__} {my_silencing_guess!r}")
+    if my_silencing_guess not in ("highest", "lowest"):
+        raise _Wrong('my_silencing_guess must be "highest" or "lowest"; '
+                     f"got {my_silencing_guess!r}")
     change = _minilm_measurements()["change"]
     shown = (f"measured mean 1 - cos: the 10 highest [CLS] heads silenced {change['highest']:.3f}, "
-             f"the 10 lowest {change['lowest']:.3f}; you guessed {my_prediction!r}")
-    if max(change, key=change.get) != my_prediction:
+             f"the 10 lowest {change['lowest']:.3f}; you guessed {my_silencing_guess!r}")
+    if max(change, key=change.get) != my_silencing_guess:
         raise _Missed(f"{shown}. What closes the gap: silencing the heads that park their weight "
                       "on [CLS] changes the embeddings less, as the small [CLS] value vectors of "
                       "section 9 suggest. Before you conclude, look at the layers the two sets "
@@ -790,31 +791,32 @@ _CARRIERS = ("weights", "values")
 
 
 @_prediction_checker
-def check_carrier_prediction(my_prediction):
-    """``my_prediction``: ``"weights"`` or ``"values"``: which of the two, patched alone from the
+def check_carrier_prediction(my_carrier_guess):
+    """``my_carrier_guess``: ``"weights"`` or ``"values"``: which of the two, patched alone from the
     wide run into layer 2's heads 1, 3 and 8 at "it", restores most of what patching their whole
     outputs restores. Once filled in, the checker measures both (to one decimal, so that the
     measurement of 9.4b is still the learner's) and prints them next to the guess."""
-    if my_prediction is None:
-        raise _NotAttempted('write "weights" or "values" in my_prediction; the measurement is '
+    if my_carrier_guess is None:
+        raise _NotAttempted('write "weights" or "values" in my_carrier_guess; the measurement is '
                             "shown once it is filled in")
-    if not isinstance(my_prediction, str):
-        raise _Wrong(f'my_prediction is one string, "weights" or "values"; got '
-                     f"{type(my_prediction).__name__} {my_prediction!r}")
-    if my_prediction not in _CARRIERS:
-        raise _Wrong(f'my_prediction must be "weights" or "values"; got {my_prediction!r}')
+    if not isinstance(my_carrier_guess, str):
+        raise _Wrong(f'my_carrier_guess is one string, "weights" or "values"; got '
+                     f"{type(my_carrier_guess).__name__} {my_carrier_guess!r}")
+    if my_carrier_guess not in _CARRIERS:
+        raise _Wrong(f'my_carrier_guess must be "weights" or "values"; got {my_carrier_guess!r}')
     m = _split_measurements()
     w, v = m["right"]["vector"]
     w1, v1, b1 = (round(x, 1) + 0.0 for x in (w, v, m["both"][0]))  # + 0.0: no "-0.0"
     shown = (f"measured (share of the vector of 'it', to one decimal): the wide run's weights "
              f"alone restore about {w1:.1f}, its values alone about {v1:.1f}, both together "
-             f"about {b1:.1f}; you guessed {my_prediction!r}")
+             f"about {b1:.1f}; you guessed {my_carrier_guess!r}")
     truth = "values" if v > w else "weights"
-    if my_prediction != truth:
+    if my_carrier_guess != truth:
         raise _Missed(f"{shown}. What closes the gap: these heads look at the last word in both "
                       "sentences, so new weights only move a little weight around the tired "
-                      "sentence's own value vectors, none of which holds 'wide'; the value vector "
-                      "at the last word is what changed. Now measure the split.")
+                      "sentence's own value vectors; what changed is the value vectors, above all "
+                      "the last word's (its vector moved far more than any other). Now measure "
+                      "the split.")
     return (f"{shown}. Where a head looks barely matters here; what it reads there does. Now "
             "measure the split.")
 

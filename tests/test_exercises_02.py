@@ -15,6 +15,14 @@ from shared import exercises as ex
 from shared.exercises import nb02
 
 
+@pytest.fixture(autouse=True)
+def fresh_staged_hints():
+    """2.4's hints are staged (the same wrong answer again names a letter): start each test fresh."""
+    nb02._MISSES.clear()
+    yield
+    nb02._MISSES.clear()
+
+
 def stub(*args, **kwargs):
     # TODO: your code here
     return None
@@ -226,30 +234,50 @@ def test_breaks_it_answer_key_is_measured():
         assert gap < 1e-12 or gap > 1e-2, (change, gap)
         if gap > 1e-2:
             measured.add(change)
-    assert measured == {"c", "d", "g", "i"} == {k for k, (b, _) in nb02._CHANGES.items() if b}
+    assert measured == {"c", "d", "g", "i"} == {k for k, (b, _, _) in nb02._CHANGES.items() if b}
 
 
-@pytest.mark.parametrize("answer, misjudged, first", [
-    ({"d", "g", "i"}, 1, "c"),
-    ({"c", "g", "i"}, 1, "d"),
-    ({"c", "d", "i"}, 1, "g"),
-    ({"c", "d", "g"}, 1, "i"),
-    ("cdegi", 1, "e"),
-    ({"c", "d", "f", "g", "i"}, 1, "f"),
-    ({"b", "c", "d", "g", "i"}, 1, "b"),
-    ({"c", "d", "g", "h", "i"}, 1, "h"),
-    ({"a", "c"}, 4, "a"),
-    (set(), 4, "c"),
-    (set("abcdefghi"), 5, "a"),
+@pytest.mark.parametrize("answer, misjudged, first, principles", [
+    ({"d", "g", "i"}, 1, "c", {"position"}),
+    ({"c", "g", "i"}, 1, "d", {"chance"}),
+    ({"c", "d", "i"}, 1, "g", {"position"}),
+    ({"c", "d", "g"}, 1, "i", {"position"}),
+    ("cdegi", 1, "e", {"stack"}),
+    ({"c", "d", "f", "g", "i"}, 1, "f", {"map"}),
+    ({"b", "c", "d", "g", "i"}, 1, "b", {"map"}),
+    ({"c", "d", "g", "h", "i"}, 1, "h", {"position"}),
+    ({"a", "c"}, 4, "a", {"map", "chance", "position"}),
+    (set(), 4, "c", {"chance", "position"}),
+    (set("abcdefghi"), 5, "a", {"map", "stack", "position"}),
 ])
-def test_breaks_it_hint_counts_and_asks_but_never_gives_a_verdict(capsys, answer, misjudged, first):
+def test_breaks_it_hint_counts_and_asks_but_never_gives_a_verdict(capsys, answer, misjudged, first,
+                                                                  principles):
+    verb = "is" if misjudged == 1 else "are"
+    # first miss: the count and the principles at stake, no letter
     assert ex.check_recover_permutation(perm_ok, answer).passed is False
     out = capsys.readouterr().out
-    verb = "is" if misjudged == 1 else "are"
     assert f"{misjudged} of the 9 options {verb} misjudged" in out, out
-    assert f"({first})" in out and nb02._CHANGES[first][1] in out, out  # a question for one of them
-    for verdict in ("breaks it too", "does not break it", "breaks it", "does not break"):
-        assert verdict not in out, out
+    assert not any(f"({letter})" in out for letter in "abcdefghi"), out
+    for name, question in nb02._PRINCIPLES.items():
+        assert (question in out) == (name in principles), (name, out)
+    # the same wrong answer again: one letter and its question
+    assert ex.check_recover_permutation(perm_ok, answer).passed is False
+    again = capsys.readouterr().out
+    assert f"{misjudged} of the 9 options {verb} misjudged" in again, again
+    assert f"({first})" in again and nb02._CHANGES[first][2] in again, again
+    for text in (out, again):
+        for verdict in ("breaks it too", "does not break it", "breaks it", "does not break"):
+            assert verdict not in text, text
+
+
+def test_breaks_it_letter_only_for_the_same_answer_repeated(capsys):
+    """A different wrong answer is a first miss again: no letter."""
+    for answer in ({"c", "g", "i"}, {"c", "d", "g"}):
+        ex.check_recover_permutation(perm_ok, answer)
+        out = capsys.readouterr().out
+        assert "misjudged" in out and "Think (" not in out, out
+    ex.check_recover_permutation(perm_ok, {"c", "g", "i"})
+    assert "Think (d) through again" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("answer, hint", [

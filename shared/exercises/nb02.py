@@ -315,23 +315,35 @@ def _attention_outputs(X: np.ndarray, W: tuple) -> np.ndarray:
 
 
 # Which changes to the layer (or its input) stop Z_shuffled from being a reordering of Z's rows?
-# The verdict, and a question that points at the reason without spelling it out (the checker
-# prints only the question; the solutions notebook and the "correct!" message give the reasons).
-_CHANGES = {
-    "a": (False, "does section 6's argument use any property of W_q, W_k and W_v?"),
-    "b": (False, "with a bias, is x W + b still one map applied to each token on its own?"),
-    "c": (True, "with a causal mask, does a token see the same set of tokens before and after "
-                "the shuffle?"),
-    "d": (True, "are the weights that dropout zeroes tied to tokens, or drawn afresh on every "
-                "call?"),
-    "e": (False, "what does the second layer receive when the first one gets X[perm]?"),
-    "f": (False, "where did section 6's argument use the size of the scale?"),
-    "g": (True, "after the shuffle, are two given tokens still the same distance i - j apart?"),
-    "h": (False, "if the padding mask moves with its tokens, which keys does each query see "
-                 "after the shuffle?"),
-    "i": (True, "if the mask stays on the last two positions, are the same tokens hidden before "
-                "and after the shuffle?"),
+# The verdict, the principle the option turns on, and a question that points at the reason without
+# spelling it out. A first wrong answer gets the count and the principles only; the same wrong
+# answer again gets one letter and its question (never a verdict: flipping letters until it passes
+# teaches nothing). The solutions notebook and the "correct!" message give the reasons.
+_PRINCIPLES = {
+    "position": "does the change depend on a token's position (the slot it sits in), or does it "
+                "travel with the token?",
+    "chance": "does the change depend on chance, drawn afresh on every call?",
+    "map": "does section 6's argument (one map applied to each token on its own, a softmax row "
+           "by row) use anything the change touches?",
+    "stack": "what does a further layer receive when a layer's output rows are only reordered?",
 }
+_CHANGES = {
+    "a": (False, "map", "does section 6's argument use any property of W_q, W_k and W_v?"),
+    "b": (False, "map", "with a bias, is x W + b still one map applied to each token on its own?"),
+    "c": (True, "position", "with a causal mask, does a token see the same set of tokens before "
+                            "and after the shuffle?"),
+    "d": (True, "chance", "are the weights that dropout zeroes tied to tokens, or drawn afresh on "
+                          "every call?"),
+    "e": (False, "stack", "what does the second layer receive when the first one gets X[perm]?"),
+    "f": (False, "map", "where did section 6's argument use the size of the scale?"),
+    "g": (True, "position", "after the shuffle, are two given tokens still the same distance "
+                            "i - j apart?"),
+    "h": (False, "position", "if the padding mask moves with its tokens, which keys does each "
+                             "query see after the shuffle?"),
+    "i": (True, "position", "if the mask stays on the last two positions, are the same tokens "
+                            "hidden before and after the shuffle?"),
+}
+_MISSES: dict[str, int] = {}  # wrong breaks_it answers seen so far, by their sorted letters
 
 
 def _letters(answer, what: str) -> set[str]:
@@ -402,11 +414,17 @@ def check_recover_permutation(recover_permutation, breaks_it=None):
     chosen = _letters(breaks_it, "breaks_it")
     misjudged = [letter for letter in sorted(_CHANGES) if (letter in chosen) != _CHANGES[letter][0]]
     if misjudged:
-        # The count and one question, never a verdict: flipping letters until it passes
-        # teaches nothing.
-        letter, verb = misjudged[0], "is" if len(misjudged) == 1 else "are"
-        raise _Wrong(f"your function works, but {len(misjudged)} of the {len(_CHANGES)} options "
-                     f"{verb} misjudged. Think ({letter}) through again: {_CHANGES[letter][1]}")
+        key = "".join(sorted(chosen))
+        seen = _MISSES.get(key, 0)
+        _MISSES[key] = seen + 1
+        verb = "is" if len(misjudged) == 1 else "are"
+        head = (f"your function works, but {len(misjudged)} of the {len(_CHANGES)} options {verb} "
+                "misjudged.")
+        if seen == 0:  # the first time: the principles at stake, no letter
+            asks = dict.fromkeys(_PRINCIPLES[_CHANGES[letter][1]] for letter in misjudged)
+            raise _Wrong(f"{head} Ask of each option: {' And: '.join(asks)}")
+        letter = misjudged[0]  # the same wrong answer again: one letter and its question
+        raise _Wrong(f"{head} Think ({letter}) through again: {_CHANGES[letter][2]}")
     return ("each output depends on its own token and the SET of all tokens, so a shuffle only "
             "reorders the rows; only something tied to positions (a causal mask, a bias by "
             "distance, a mask on fixed positions) or to chance (dropout) breaks that.")

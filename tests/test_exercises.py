@@ -992,7 +992,7 @@ def checker_cells(path: Path) -> list[tuple[str, str]]:
     for c in nb["cells"]:
         source = "".join(c["source"])
         demo = re.search(r"^# demo:", source, flags=re.M)  # a checker shown on buggy code
-        if c["cell_type"] == "code" and not demo and re.search(r"^check_\w+\(", source, flags=re.M):
+        if c["cell_type"] == "code" and not demo and re.search(r"^(if )?check_\w+\(", source, flags=re.M):
             text = "".join("".join(o.get("text", "")) for o in c.get("outputs", []))
             cells.append((source, text))
     return cells

@@ -337,9 +337,10 @@ CASES = [
     (C.check_previous_token_head, (prev_ignores_P,), False, "build W_q and W_k from this P"),
     (C.check_previous_token_head, (prev_transposed,), False, "the transpose of (d, head_dim)"),
     (C.check_previous_token_head, (prev_one_matrix,), False, "return the pair (W_q, W_k)"),
-    # 6.2 ("about equal" and "worse" both call "no mean brings induction back"; "better" does not)
+    # 6.2 (measured: 0.36-0.42 nats worse than one mean, against a 0.15-nat band: "worse")
     (C.check_position_mean_ablation, (pma_ok, "worse", NB), True, "higher than one mean's"),
-    (C.check_position_mean_ablation, (pma_ok, "about equal", NB), True, "makes the same call"),
+    (C.check_position_mean_ablation, (pma_ok, "about equal", NB), False,
+     "worse, not equal"),  # "a finer stand-in, the same lost letter"
     (C.check_position_mean_ablation, (pma_ok, " Worse ", NB), True, OK),
     (C.check_position_mean_ablation, (stub, None, None), None, NA),
     (C.check_position_mean_ablation, (stub, "worse", NB), None, NA),
@@ -405,7 +406,7 @@ CASES = [
      "9 positions back must hold a letter"),  # "5 divides 10, so all of them"
     (C.check_fixed_period_shortcut, (fixed_ok, [5, 10], 0.5), False,
      "right at every repeated query whose position 9 back holds a letter"),
-    (C.check_fixed_period_shortcut, (fixed_ok, [5, 10], 9 / 14), False, "Count them"),
+    (C.check_fixed_period_shortcut, (fixed_ok, [5, 10], 8 / 14), False, "Count them"),
     (C.check_fixed_period_shortcut, (fixed_ok, [5, 10], 71), False, "a number from 0 to 1"),
     (C.check_fixed_period_shortcut, (fixed_ok, [5, 10], True), False, "a number from 0 to 1"),
     (C.check_fixed_period_shortcut, (fixed_ok, [10], 0.7), False, "period 5 works too"),

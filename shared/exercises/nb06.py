@@ -222,10 +222,10 @@ def check_position_mean_ablation(position_mean_ablate, prediction, model):
     ``heads`` writing, at every position ``t``, its output at ``t`` averaged over the batch (in
     the unablated model) instead of its own output. ``prediction``: "better", "about equal" or
     "worse": the repeat loss without the previous-token head, replaced by its per-position means,
-    compared with one mean's; it must be filled in before anything is measured. "better" (part of
-    induction comes back) is the call graded; "about equal" and "worse" both say that no mean
-    brings it back, and the message says which one the measurement is. ``model``: the
-    notebook's trained model, on which the checker measures it (hidden batch, period 10)."""
+    compared with one mean's; it must be filled in before anything is measured, and all three
+    calls are graded against the measurement (a gap within 0.15 nats is "about equal").
+    ``model``: the notebook's trained model, on which the checker measures it (hidden batch,
+    period 10)."""
     from ..tiny_transformer import TinyTransformer, repeated_tokens
 
     if callable(position_mean_ablate) and not _core._did_work(position_mean_ablate):
@@ -289,21 +289,30 @@ def check_position_mean_ablation(position_mean_ablate, prediction, model):
                f"{measured:.2f} with one mean per position")
     gap = measured - single
     truth = "better" if gap < -_EQUAL_BAND else "worse" if gap > _EQUAL_BAND else "about equal"
-    if (call == "better") != (truth == "better"):
-        if call == "better":
-            raise _Wrong(f'you predicted "better", but {numbers} against {single:.2f} with one '
-                         "mean: the per-position mean brings nothing of induction back. What "
-                         "layer 1 needs from the head is which letter came before, and that "
-                         "differs from sequence to sequence, not from position to position: a "
-                         "mean over the batch erases it")
+    if call != truth and call == "better":
+        raise _Wrong(f'you predicted "better", but {numbers} against {single:.2f} with one '
+                     "mean: the per-position mean brings nothing of induction back. What "
+                     "layer 1 needs from the head is which letter came before, and that "
+                     "differs from sequence to sequence, not from position to position: a "
+                     "mean over the batch erases it")
+    if call != truth and truth == "worse":
+        raise _Wrong(f'you predicted "{call}", but {numbers} against {single:.2f} with one mean: '
+                     f"the finer mean is worse, not equal (more than {_EQUAL_BAND} nats). See "
+                     "which key query 12 falls back on without the previous-token head "
+                     "(section 8): a stand-in that keeps each position's typical output but "
+                     "no letter still steers layer 1, to confident wrong guesses")
+    if call != truth and truth == "about equal":
+        raise _Wrong(f'you predicted "{call}", but {numbers} against {single:.2f} with one mean, '
+                     f"within {_EQUAL_BAND} nats: here the per-position means change the loss "
+                     "no more than one mean does")
+    if call != truth:
         raise _Wrong(f"you predicted {call!r}, but {numbers} against {single:.2f} with one mean: "
                      "this model gets part of induction back from the per-position means")
-    said = "" if call == truth else f' ("{call}" makes the same call: no mean brings it back)'
     relation = {"better": "lower than", "about equal": "about equal to", "worse": "higher than"}
     if truth == "better":
         return f"{numbers}, {relation[truth]} one mean's {single:.2f}; you predicted \"better\"."
     return (f"{numbers}, {relation[truth]} one mean's {single:.2f} ({zero:.2f} with zero); you "
-            f'predicted "{call}"{said}. No mean brings induction back: the sequence-specific part '
+            f'predicted "{call}". No mean brings induction back: the sequence-specific part '
             "of the head's output, which letter came before, is what the model needs.")
 
 
@@ -482,7 +491,7 @@ def check_knock_out(knock_out, breaks, model):
 # 6.4 A fixed period invites a shortcut (predict, then train and measure)
 # --------------------------------------------------------------------------------------------
 _PERIODS = (5, 7, 10, 12)
-_ACCURACY_TOLERANCE = 0.05  # a predicted accuracy at period 5 this close to the measured one passes
+_ACCURACY_TOLERANCE = 0.08  # a predicted accuracy at period 5 this close to the measured one passes
 
 
 @_checker

@@ -407,6 +407,8 @@ CASES = [
     (C.check_fixed_period_shortcut, (fixed_ok, [5, 10], 0.5), False,
      "right at every repeated query whose position 9 back holds a letter"),
     (C.check_fixed_period_shortcut, (fixed_ok, [5, 10], 8 / 14), False, "Count them"),
+    (C.check_fixed_period_shortcut, (fixed_ok, [5, 10], 9 / 14), False, "Count them"),
+    (C.check_fixed_period_shortcut, (fixed_ok, [5, 10], 11 / 14), False, "Count the repeated queries"),
     (C.check_fixed_period_shortcut, (fixed_ok, [5, 10], 71), False, "a number from 0 to 1"),
     (C.check_fixed_period_shortcut, (fixed_ok, [5, 10], True), False, "a number from 0 to 1"),
     (C.check_fixed_period_shortcut, (fixed_ok, [10], 0.7), False, "period 5 works too"),

@@ -491,7 +491,8 @@ def check_knock_out(knock_out, breaks, model):
 # 6.4 A fixed period invites a shortcut (predict, then train and measure)
 # --------------------------------------------------------------------------------------------
 _PERIODS = (5, 7, 10, 12)
-_ACCURACY_TOLERANCE = 0.08  # a predicted accuracy at period 5 this close to the measured one passes
+_ACCURACY_TOLERANCE = 0.04  # a prediction this close to the measured accuracy, or to the count 10/14, passes
+_SHORTCUT_AT_5 = 10 / 14  # 10 of the 14 repeated queries of a period-5 sequence find their copy 9 back
 
 
 @_checker
@@ -545,6 +546,8 @@ def check_fixed_period_shortcut(train_fixed_period, works_on, accuracy_at_5):
         raise _Wrong(f"period {p} works too (accuracy above one half): copying the token 9 "
                      f"positions back is right whenever the period divides 10, and {p} does")
     got, off = accuracy[5], float(accuracy_at_5) - accuracy[5]
+    if abs(float(accuracy_at_5) - _SHORTCUT_AT_5) <= _ACCURACY_TOLERANCE:
+        off = 0.0  # the count itself, derived on paper
     if off > _ACCURACY_TOLERANCE:
         raise _Wrong(f"you predicted an accuracy of {float(accuracy_at_5):.2f} at period 5; it is "
                      f"{got:.2f}: 9 positions back must hold a letter, not BOS or nothing, for "

@@ -491,8 +491,8 @@ def check_knock_out(knock_out, breaks, model):
 # 6.4 A fixed period invites a shortcut (predict, then train and measure)
 # --------------------------------------------------------------------------------------------
 _PERIODS = (5, 7, 10, 12)
-_ACCURACY_TOLERANCE = 0.04  # a prediction this close to the measured accuracy, or to the count 10/14, passes
-_SHORTCUT_AT_5 = 10 / 14  # 10 of the 14 repeated queries of a period-5 sequence find their copy 9 back
+_ACCURACY_TOLERANCE = 0.04  # a prediction this close to the measurement, or to 10/14, passes
+_SHORTCUT_AT_5 = 10 / 14  # 10 of a period-5 sequence's 14 repeated queries find their copy 9 back
 
 
 @_checker

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import io
 import numbers
@@ -375,7 +374,7 @@ def check_silenced_heads(forward_without_heads):
         real = mask.numpy()
         got = got[real]
 
-        def ref_of(hs=heads, how="mean", model_mask=True):
+        def ref_of(hs=heads, how="mean", model_mask=True, model=model, ids=ids, mask=mask, real=real):
             return _silenced(model, ids, mask, hs, how, model_mask)[real]
 
         ref = ref_of()

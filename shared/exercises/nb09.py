@@ -374,8 +374,9 @@ def check_silenced_heads(forward_without_heads):
         real = mask.numpy()
         got = got[real]
 
-        def ref_of(hs=heads, how="mean", model_mask=True, model=model, ids=ids, mask=mask, real=real):
-            return _silenced(model, ids, mask, hs, how, model_mask)[real]
+        def ref_of(hs=heads, how="mean", model_mask=True, case=(model, ids, mask, real)):
+            m, i, k, r = case
+            return _silenced(m, i, k, hs, how, model_mask)[r]
 
         ref = ref_of()
         if _close(got, ref):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import io
 import numbers
@@ -315,35 +314,49 @@ def _silence_cases():
     return cases
 
 
-def _silenced(model, ids, mask, heads, how="output"):
-    """The model's last hidden states with the listed heads silenced, on a copy of the model;
-    ``how`` other than "output" makes one of the typical mistakes."""
-    m = copy.deepcopy(model)
-    with torch.no_grad():
-        for layer, head in heads:
-            att = m.layers[layer].attention
-            cols = slice(head * att.head_dim, (head + 1) * att.head_dim)
-            if how in ("output", "bias"):
-                att.out_proj.weight[:, cols] = 0  # head h feeds these input features of W_o
-                if how == "bias":
-                    att.out_proj.bias.zero_()
-            elif how == "rows":
-                att.out_proj.weight[cols, :] = 0
-            elif how == "value_weight":
-                att.W_value.weight[cols, :] = 0
-            elif how == "scores":
-                att.W_query.weight[cols, :] = 0
-                att.W_query.bias[cols] = 0
-        return m(ids, mask).numpy()
+def _silenced(model, ids, mask, heads, how="mean", model_mask=True):
+    """The model's last hidden states with the listed heads mean-ablated in one forward pass: each
+    head's ``head_dim`` features of out_proj's input replaced, at every position, by their mean over
+    the real tokens of all sentences. ``how`` other than "mean" makes one of the typical mistakes:
+    "zero" (zero-ablation), "pad" (the mean taken over the [PAD] positions too), "sentence" (each
+    sentence's own mean)."""
+    m = mask.to(torch.bool)
+    hooks = []
+    for layer, head in heads:
+        att = model.layers[layer].attention
+        cols = slice(head * att.head_dim, (head + 1) * att.head_dim)
+
+        def ablate(module, args, cols=cols):
+            x = args[0].clone()
+            h = x[..., cols]
+            if how == "zero":
+                x[..., cols] = 0
+            elif how == "pad":
+                x[..., cols] = h.mean((0, 1))
+            elif how == "sentence":
+                w = m[..., None].to(h.dtype)
+                x[..., cols] = (h * w).sum(1, keepdim=True) / w.sum(1, keepdim=True)
+            else:
+                x[..., cols] = h[m].mean(0)
+            return (x,)
+
+        hooks.append(att.out_proj.register_forward_pre_hook(ablate))
+    try:
+        with torch.no_grad():
+            return model(ids, mask if model_mask else None).numpy()
+    finally:
+        for hook in hooks:
+            hook.remove()
 
 
 @_checker
 def check_silenced_heads(forward_without_heads):
     """``forward_without_heads(model, ids, mask, heads)`` -> the last hidden states
-    ``(B, T, d_model)`` of a ``MiniLM`` in which each ``(layer, head)`` of ``heads`` adds nothing:
-    its ``head_dim`` features of the concatenated head outputs are zero before ``out_proj``
-    (whose bias stays). ids ``(B, T)``, mask ``(B, T)`` bool (True = real token). The model must
-    be unchanged afterwards."""
+    ``(B, T, d_model)`` of a ``MiniLM`` in which each ``(layer, head)`` of ``heads`` is
+    mean-ablated: its ``head_dim`` features of the concatenated head outputs, on their way into
+    ``out_proj``, replaced by their mean over the real tokens of all B sentences in the same
+    forward pass. ids ``(B, T)``, mask ``(B, T)`` bool (True = real token). Compared at the real
+    tokens. The model must be unchanged afterwards."""
     for model, ids, mask, heads in _silence_cases():
         before = {k: v.clone() for k, v in model.state_dict().items()}
         got = _call(forward_without_heads, model, ids.clone(), mask.clone(), list(heads),
@@ -352,50 +365,49 @@ def check_silenced_heads(forward_without_heads):
                              "that receives the heads side by side")
         if any(not torch.equal(before[k], v) for k, v in model.state_dict().items()):
             raise _Wrong("your function left the model's weights changed: restore every weight "
-                         "you zero (or zero the heads' outputs with a forward pre-hook on "
+                         "you change (or replace the heads' outputs with a forward pre-hook on "
                          "out_proj and remove it), or the next call starts from a damaged model")
         got = _arr(got, "the hidden states")
         B, T = ids.shape
         _shape(got, (B, T, model.d_model), "the hidden states",
                "(B, T, d_model): the last layer's output at every position, before any pooling")
-        ref = _silenced(model, ids, mask, heads)
+        real = mask.numpy()
+        got = got[real]
+
+        def ref_of(hs=heads, how="mean", model_mask=True, case=(model, ids, mask, real)):
+            m, i, k, r = case
+            return _silenced(m, i, k, hs, how, model_mask)[r]
+
+        ref = ref_of()
         if _close(got, ref):
             continue
         swapped = [(h, l) for l, h in heads]
         _diagnose(got, [
-            ("nothing was silenced: your output is the plain model's",
-             _silenced(model, ids, mask, [])),
-            ("you zeroed rows h*head_dim:(h+1)*head_dim of out_proj.weight, which are output "
-             "features of W_o; head h feeds its COLUMNS "
-             "(out_proj.weight[:, h*head_dim:(h+1)*head_dim])",
-             _silenced(model, ids, mask, heads, "rows")),
-            ("you also zeroed out_proj's bias: the bias belongs to no head, keep it",
-             _silenced(model, ids, mask, heads, "bias")),
-            ("zeroing the head's W_value weights keeps its value bias, and the weights sum to "
-             "1, so the head still outputs that bias: zero the head's output (or its values "
-             "with their bias)", _silenced(model, ids, mask, heads, "value_weight")),
-            ("zeroing a head's queries (or keys) makes its attention uniform, not its output zero",
-             _silenced(model, ids, mask, heads, "scores")),
+            ("nothing was silenced: your output is the plain model's", ref_of([])),
+            ("that is zero-ablation: replace the heads' features by their mean over the real "
+             "tokens, not by zero", ref_of(how="zero")),
+            ("your mean includes the [PAD] positions: average over the real tokens only "
+             "(the mask)", ref_of(how="pad")),
+            ("you took each sentence's own mean: average over the real tokens of all sentences "
+             "together", ref_of(how="sentence")),
             ("heads are (layer, head) pairs: you read them as (head, layer)",
-             _silenced(model, ids, mask, swapped) if all(h < model.num_layers for h in
-                                                          (h for _, h in heads)) else None),
+             ref_of(swapped) if all(h < model.num_layers for h in (h for _, h in heads)) else None),
             ("the padding mask was dropped: pass mask to the model as usual",
-             _silenced(model, ids, None, heads)),
+             ref_of(model_mask=False)),
             ("only one head per layer was silenced: a dict {layer: head} keeps just the last head "
              "of each layer; keep every pair (a list, or a dict of lists)",
-             _silenced(model, ids, mask, list(dict(heads).items()))
-             if len(dict(heads)) < len(heads) else None),
+             ref_of(list(dict(heads).items())) if len(dict(heads)) < len(heads) else None),
             ("only the last (layer, head) of the list was silenced",
-             _silenced(model, ids, mask, heads[-1:]) if len(heads) > 1 else None),
+             ref_of(heads[-1:]) if len(heads) > 1 else None),
             ("every layer lost the head index of the LAST pair: a function (lambda or def) made in "
              "a loop sees the loop variable's final value; bind it as a default argument "
              "(def hook(module, args, head=head))",
-             _silenced(model, ids, mask, [(l, heads[-1][1]) for l, _ in heads]) if heads else None),
+             ref_of([(l, heads[-1][1]) for l, _ in heads]) if heads else None),
         ])
-        raise _Wrong(f"the hidden states differ from the silenced model's by up to "
+        raise _Wrong(f"the hidden states differ from the mean-ablated model's by up to "
                      f"{_maxdiff(got, ref)}")
-    return ("the listed heads add nothing, every other head and out_proj's bias are untouched, "
-            "and the model is unchanged afterwards.")
+    return ("each listed head's output is its mean over the real tokens, every other head and "
+            "out_proj's bias are untouched, and the model is unchanged afterwards.")
 
 
 # --------------------------------------------------------------------------------------------
@@ -426,23 +438,9 @@ def _minilm_measurements() -> dict:
     order = np.argsort(-cls.flatten(), kind="stable").tolist()
 
     def embed(heads):
-        hooks = []
-        for layer, head in heads:
-            att = model.layers[layer].attention
-            cols = slice(head * att.head_dim, (head + 1) * att.head_dim)
-
-            def silence(module, args, cols=cols):
-                x = args[0].clone()
-                x[..., cols] = 0
-                return (x,)
-
-            hooks.append(att.out_proj.register_forward_pre_hook(silence))
-        try:
-            with torch.no_grad():
-                return F.normalize(mean_pool(model(ids, mask), mask), dim=-1)
-        finally:
-            for hook in hooks:
-                hook.remove()
+        with torch.no_grad():
+            hidden = torch.from_numpy(_silenced(model, ids, mask, list(heads)))
+        return F.normalize(mean_pool(hidden, mask), dim=-1)
 
     base = embed([])
 

@@ -557,9 +557,9 @@ def check_block_for_budget(block_for_budget):
         got.append(int(value))
         refs.append(_least_block(T, n))
     if got == refs:
-        return ("the smallest block within the budget: memory grows like b^2 per tile, so "
-                "every larger b costs more, and one fewer token per block would need one more "
-                "block per side.")
+        return ("the smallest block within the budget: memory grows with b (b^2 + 2 b d numbers, "
+                "like b^2 once b >> d), so every larger b costs more, and one fewer token per "
+                "block would need one more block per side.")
     cases = list(zip(_BUDGET_CASES, got, refs, strict=True))
     if all(g == T for (T, _), g, _ in cases):
         raise _Wrong("b = T (one tile) always fits the budget, but its b x b tile is naive "

@@ -329,7 +329,7 @@ CASES = [
     # prediction checkers: the right guesses are measured independently in
     # test_prediction_checkers_measure_the_model below
     # a committed prediction that misses passes as "measured: ..." with the lesson ("miss")
-    (C.check_punctuation_guess, ({"best head": 0.15, "uniform head": 0.08},), True, "twice uniform"),
+    (C.check_punctuation_guess, ({"best head": 0.15, "uniform head": 0.08},), True, "Now find the head"),
     (C.check_punctuation_guess, ({"best head": None, "uniform head": 0.1},), None, "both heads"),
     (C.check_punctuation_guess, ({"best head": 0.9, "uniform head": 0.075},), "miss",
      "no head here comes near"),

@@ -531,8 +531,7 @@ def check_punctuation_guess(my_guess):
                      "head")
     if hints:
         raise _Missed(f"{shown}. What closes the gap: " + "; ".join(hints) + ". Now find the head.")
-    return (f"{shown}. No strong punctuation head: the best is about twice uniform, far from the "
-            "near-1 scores of section 9. Now find the head.")
+    return f"{shown}. Now find the head: run your scorer over every head."
 
 
 @_checker

@@ -249,24 +249,36 @@ def _pairs_candidates(T: int, w: int) -> list[tuple[str, float]]:
     ]
 
 
+def _number_answers(fn, name: str, cases, arg_names: tuple[str, str], reference):
+    """The learner's numbers and the right ones, ``(got, want)`` as arrays, one per hidden case
+    ``(a, b)``: ``fn(a, b)`` against ``reference(a, b)``."""
+    got, want = [], []
+    for a, b in cases:
+        args = f"{arg_names[0]} = {a}, {arg_names[1]} = {b}"
+        got.append(_scalar(_call(fn, a, b, name=name, on_error=f"called with {args}"),
+                           f"{name}({a}, {b})"))
+        want.append(float(reference(a, b)))
+    return np.array(got), np.array(want)
+
+
+def _raise_if_a_typical_mistake(got: np.ndarray, candidates_per_case) -> None:
+    """Raise the hint of the typical mistake that gives exactly ``got`` on every case, if any.
+    ``candidates_per_case``: per case, the same list of ``(hint, value)`` pairs."""
+    for column in zip(*candidates_per_case, strict=True):
+        if np.array_equal(got, np.array([value for _, value in column])):
+            raise _Wrong(column[0][0])
+
+
 @_checker
 def check_window_pairs(allowed_pairs):
     """Exercise 3.1 (b): ``allowed_pairs(T, window)`` -> the number of (query, key) pairs a
     ``(T, T)`` sliding-window mask allows (its True entries): ``sum_i min(i + 1, window)``."""
-    got, want = [], []
-    for T, w in _PAIRS_CASES:
-        got.append(_scalar(_call(allowed_pairs, T, w, name="allowed_pairs",
-                                 on_error=f"called with T = {T}, window = {w}"),
-                           f"allowed_pairs({T}, {w})"))
-        want.append(float(_pairs(T, w)))
-    got_a, want_a = np.array(got), np.array(want)
+    got_a, want_a = _number_answers(allowed_pairs, "allowed_pairs", _PAIRS_CASES, ("T", "window"),
+                                    _pairs)
     if np.array_equal(got_a, want_a):
         return ("about T * window pairs once T >> window: linear in T, where the causal "
                 "triangle has T(T + 1)/2.")
-    columns = list(zip(*(_pairs_candidates(T, w) for T, w in _PAIRS_CASES), strict=True))
-    for column in columns:
-        if np.array_equal(got_a, np.array([v for _, v in column])):
-            raise _Wrong(column[0][0])
+    _raise_if_a_typical_mistake(got_a, [_pairs_candidates(T, w) for T, w in _PAIRS_CASES])
     k = int(np.argmax(got_a != want_a))
     T, w = _PAIRS_CASES[k]
     if w == 1 and got_a[k] != T:
@@ -309,20 +321,12 @@ def check_stacked_reach(stacked_reach):
     """Exercise 3.1 (c): ``stacked_reach(window, layers)`` -> the largest ``i - j`` such that
     changing token j moves output i of ``layers`` stacked sliding-window layers:
     ``layers * (window - 1)``."""
-    got, want = [], []
-    for w, L in _REACH_CASES:
-        got.append(_scalar(_call(stacked_reach, w, L, name="stacked_reach",
-                                 on_error=f"called with window = {w}, layers = {L}"),
-                           f"stacked_reach({w}, {L})"))
-        want.append(float(_reach(w, L)))
-    got_a, want_a = np.array(got), np.array(want)
+    got_a, want_a = _number_answers(stacked_reach, "stacked_reach", _REACH_CASES,
+                                    ("window", "layers"), _reach)
     if np.array_equal(got_a, want_a):
         return ("each layer adds window - 1 tokens of reach: Mistral's 32 layers of window "
                 "4096 see about 131K tokens back, though each layer's mask is only 4096 wide.")
-    columns = list(zip(*(_reach_candidates(w, L) for w, L in _REACH_CASES), strict=True))
-    for column in columns:
-        if np.array_equal(got_a, np.array([v for _, v in column])):
-            raise _Wrong(column[0][0])
+    _raise_if_a_typical_mistake(got_a, [_reach_candidates(w, L) for w, L in _REACH_CASES])
     k = int(np.argmax(got_a != want_a))
     w, L = _REACH_CASES[k]
     if w == 1:

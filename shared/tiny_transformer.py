@@ -550,6 +550,7 @@ def adam_step(params, state: dict, lr: float, betas: tuple = (0.9, 0.999),
 def train(model: TinyTransformer, steps: int, *, min_period: int, max_period: int,
           batch_size: int = 64, lr: float = 1e-2, seed: int = 0, seq_len: int | None = None,
           eval_tokens: torch.Tensor | None = None, eval_every: int = 10,
+          prev_up_to: int | None = None, keep_states: bool = False,
           progress: bool = False) -> dict:
     """Train ``model`` in place on ``repeated_tokens`` batches with Adam (``adam_step``) and a
     cosine learning rate decaying from ``lr`` to 0; return the history.
@@ -569,7 +570,10 @@ def train(model: TinyTransformer, steps: int, *, min_period: int, max_period: in
     ``eval_step``, ``repeat_loss``, ``first_loss``, ``repeat_accuracy`` (lists of floats),
     ``per_position`` (tensor ``(evals, T - 1)``: the mean loss of predicting token ``t + 1``, as
     ``evaluate`` returns it) and ``previous_token_scores``, ``induction_scores`` (tensors
-    ``(evals, layers, heads)``). Evaluating does not touch the training batches' generator.
+    ``(evals, layers, heads)``). With ``prev_up_to=n`` the previous-token scores are taken on
+    queries ``1 .. n`` only (default: all queries ``1 .. T - 1``). Evaluating does not touch the
+    training batches' generator. With ``keep_states=True`` the history also holds ``states``: a
+    copy of ``model.state_dict()`` at every evaluation (load one into a model of the same shape).
     ``progress=True`` shows a tqdm progress bar (on stderr).
     """
     from tqdm import tqdm  # imported here: only training needs it
@@ -579,9 +583,13 @@ def train(model: TinyTransformer, steps: int, *, min_period: int, max_period: in
     _check_int("steps", steps)
     _check_int("eval_every", eval_every)
     seq_len = model.context_length if seq_len is None else _check_int("seq_len", seq_len, 3)
+    if prev_up_to is not None:
+        _check_int("prev_up_to", prev_up_to)
     history: dict = {"loss": [], "eval_step": [], "repeat_loss": [], "first_loss": [],
                      "repeat_accuracy": [], "per_position": [], "previous_token_scores": [],
                      "induction_scores": []}
+    if keep_states:
+        history["states"] = []
 
     def record(step: int) -> None:
         metrics = evaluate(model, eval_tokens)
@@ -590,8 +598,16 @@ def train(model: TinyTransformer, steps: int, *, min_period: int, max_period: in
             history[key].append(metrics[key])
         history["per_position"].append(metrics["per_position"])
         w = metrics["weights"]
-        history["previous_token_scores"].append(previous_token_score(w).mean(dim=0))
+        if prev_up_to is None:
+            prev = previous_token_score(w)
+        else:  # key i - 1 for the queries i = 1 .. prev_up_to only
+            T_eval = w.shape[-1]
+            rows = (torch.arange(T_eval, device=w.device) <= prev_up_to).unsqueeze(1)  # (T, 1)
+            prev = attention_score(w, previous_token_mask(T_eval).to(w.device) & rows)
+        history["previous_token_scores"].append(prev.mean(dim=0))
         history["induction_scores"].append(induction_score(w, eval_tokens).mean(dim=0))
+        if keep_states:
+            history["states"].append({k: v.detach().clone() for k, v in model.state_dict().items()})
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -378,6 +378,41 @@ def test_train_is_deterministic_restores_threads_and_records_history():
     assert h3["loss"] == h1["loss"] and all(torch.equal(s1[k], v) for k, v in quiet.state_dict().items())
 
 
+def test_train_scores_the_previous_token_on_the_first_queries_only_when_asked():
+    x_eval = repeated_tokens(8, 9, 11, 3, generator=torch.Generator().manual_seed(12))
+    model = small_model(seed=3)
+    history = train(model, 3, min_period=2, max_period=4, batch_size=4, seed=0,
+                    eval_tokens=x_eval, eval_every=2, prev_up_to=4)
+    with torch.no_grad():  # the last evaluation, by a loop: mean weight of queries 1-4 on key i - 1
+        w = model(x_eval, return_weights=True)[1]  # (B, layers, heads, T, T)
+    by_loop = sum(w[..., i, i - 1] for i in range(1, 5)).mean(dim=0) / 4
+    assert torch.allclose(history["previous_token_scores"][-1], by_loop, atol=1e-6)
+    plain = train(small_model(seed=3), 3, min_period=2, max_period=4, batch_size=4, seed=0,
+                  eval_tokens=x_eval, eval_every=2)  # the default scores every query
+    assert plain["loss"] == history["loss"]
+    assert not torch.allclose(plain["previous_token_scores"][-1], by_loop, atol=1e-3)
+    with pytest.raises(ValueError, match="prev_up_to must be an integer >= 1; got 0"):
+        train(small_model(), 1, min_period=2, max_period=3, prev_up_to=0)
+
+
+def test_train_keeps_a_copy_of_the_state_at_every_evaluation_only_when_asked():
+    x_eval = repeated_tokens(8, 9, 11, 3, generator=torch.Generator().manual_seed(12))
+    model = small_model(seed=3)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    history = train(model, 5, min_period=2, max_period=4, batch_size=4, seed=0,
+                    eval_tokens=x_eval, eval_every=2, keep_states=True)
+    assert len(history["states"]) == len(history["eval_step"]) == 4  # steps 0, 2, 4 and 5
+    assert all(torch.equal(history["states"][0][k], v) for k, v in start.items())  # before any step
+    assert all(torch.equal(history["states"][-1][k], v) for k, v in model.state_dict().items())
+    assert not torch.equal(history["states"][1]["tok_emb.weight"], start["tok_emb.weight"])
+    copy = small_model(seed=0)
+    copy.load_state_dict(history["states"][1])  # a kept state is a snapshot: the model's evaluation then
+    assert abs(evaluate(copy, x_eval)["repeat_loss"] - history["repeat_loss"][1]) < 1e-6
+    plain = train(small_model(seed=3), 5, min_period=2, max_period=4, batch_size=4, seed=0,
+                  eval_tokens=x_eval, eval_every=2)
+    assert "states" not in plain and plain["loss"] == history["loss"]
+
+
 def test_train_lowers_the_loss():
     model = small_model(seed=4).float()
     history = train(model, 40, min_period=2, max_period=4, batch_size=32, lr=1e-2, seed=1)

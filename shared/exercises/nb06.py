@@ -313,19 +313,22 @@ def check_position_mean_ablation(position_mean_ablate, prediction, model):
 # 6.3 Knock a layer-0 head out of one input of layer 1: which one does the restart guess need?
 # --------------------------------------------------------------------------------------------
 _PATHS = ("query", "key", "value")
-# nats: the loss predicting t = 11 (the restart, 1.5 intact) above it means the path needs the
-# head; the notebook's model measures about 2.7 (query) against 1.6 (key, value) on the hidden batch
+# nats: the loss predicting t = 11 (the restart, 1.5 intact); the notebook's model measures about
+# 2.7 with layer 0, head 1 removed from layer 1's query input and about 1.5 with its mean there
 _RESTART_LOSS = 2.2
 _PLURAL = {"query": "queries", "key": "keys", "value": "values"}
 
 
 def _ref_knock_out(model, tokens: torch.Tensor, head: tuple, paths, *, remove: str = "head",
-                   unembed_too: bool = False) -> np.ndarray:
+                   stand_in: str = "mean", unembed_too: bool = False) -> np.ndarray:
     """Logits ``(B, T, V)`` (float64) of a 2-layer TinyTransformer in which layer 1 computes each
-    of ``paths`` from the residual stream minus the output of ``head`` (a layer-0 head); the
-    other inputs of layer 1 read the full stream. ``remove``: ``"head"`` (the right thing),
-    ``"head+bias"`` (also layer 0's output bias) or ``"layer"`` (all of layer 0's output).
-    ``unembed_too``: the unembedding also reads the stream without it."""
+    of ``paths`` from the residual stream with the output of ``head`` (a layer-0 head) replaced
+    by a stand-in; the other inputs of layer 1 read the full stream. ``stand_in``: ``"mean"``
+    (its mean over the batch and all positions: the right thing), ``"position"`` (one mean per
+    position), ``"sequence"`` (one mean per sequence), ``"zero"`` (removed). ``remove``:
+    ``"head"`` (the right thing), ``"head+bias"`` (also layer 0's output bias, while the
+    stand-in is the head's mean) or ``"layer"`` (all of layer 0's output and its mean).
+    ``unembed_too``: the unembedding also reads the patched stream."""
     def a(t):
         return t.detach().double().numpy()
 
@@ -348,13 +351,15 @@ def _ref_knock_out(model, tokens: torch.Tensor, head: tuple, paths, *, remove: s
     W0, b0 = a(layer0.out_proj.weight), a(layer0.out_proj.bias)
     x1 = x0 + concat @ W0.T + b0
     cols = slice(head[1] * hd, (head[1] + 1) * hd)
-    part = {"head": concat[..., cols] @ W0[:, cols].T,
-            "head+bias": concat[..., cols] @ W0[:, cols].T + b0,
-            "layer": concat @ W0.T + b0}[remove]
-    without = x1 - part
-    q_in, k_in, v_in = (without if p in paths else x1 for p in _PATHS)
+    head_out = concat[..., cols] @ W0[:, cols].T  # (B, T, d)
+    part, meant = {"head": (head_out, head_out), "head+bias": (head_out + b0, head_out),
+                   "layer": (x1 - x0, x1 - x0)}[remove]
+    axes = {"mean": (0, 1), "position": (0,), "sequence": (1,)}
+    kept = 0.0 if stand_in == "zero" else meant.mean(axis=axes[stand_in], keepdims=True)
+    patched = x1 - part + kept
+    q_in, k_in, v_in = (patched if p in paths else x1 for p in _PATHS)
     out = attend(layer1, q_in, k_in, v_in) @ a(layer1.out_proj.weight).T + a(layer1.out_proj.bias)
-    x2 = (without if unembed_too else x1) + out
+    x2 = (patched if unembed_too else x1) + out
     return x2 @ a(model.unembed.weight).T + a(model.unembed.bias)
 
 
@@ -410,19 +415,29 @@ def _path_model(seed: int):
 
 
 @_checker
-def check_knock_out(knock_out, needs, model):
-    """``knock_out(model, tokens, head, path)`` -> logits ``(B, T, vocab_size)`` of the 2-layer
+def check_knock_out(mean_in_path, comes_back, model):
+    """``mean_in_path(model, tokens, head, path)`` -> logits ``(B, T, vocab_size)`` of the 2-layer
     ``TinyTransformer`` ``model`` on ``tokens`` ``(B, T)`` in which layer 1 computes its
-    ``path`` (``"query"``, ``"key"`` or ``"value"``) from the residual stream without the output
-    of ``head`` (a layer-0 head ``(0, h)``), and everything else as usual. ``needs``: the paths
-    (a list, possibly empty) through which you predict the restart guess (predicting t = 11)
-    needs the layer-0 head that is not the previous-token head (its loss rises above 2.2 nats
-    without it). ``model``: the notebook's trained model, on which the checker measures all
-    three paths (hidden batch, period 10)."""
+    ``path`` (``"query"``, ``"key"`` or ``"value"``) input from the residual stream with the
+    output of ``head`` (a layer-0 head ``(0, h)``) replaced by its mean over the batch and all
+    positions of ``tokens``, and everything else as usual. ``comes_back``: True or False, your
+    prediction whether, with the mean of the layer-0 head that is not the previous-token head in
+    layer 1's query input, the loss predicting t = 11 comes back below 2.2 nats (it is above
+    that with the head removed there). ``model``: the notebook's trained model, on which the
+    checker measures it (hidden batch, period 10)."""
+    if callable(mean_in_path) and not _core._did_work(mean_in_path):
+        _call(mean_in_path, None, None, None, None, name="mean_in_path")  # a stub
+    if comes_back is None:
+        raise _NotAttempted("write your prediction into comes_back first: the checker "
+                            "measures only once it is filled in")
+    if not isinstance(comes_back, (bool, np.bool_)):
+        raise _Wrong(f"set comes_back to True or False (does the loss predicting t = 11 come "
+                     f"back below {_RESTART_LOSS} nats with the mean in place?); "
+                     f"got {comes_back!r}")
     for seed, h, path in ((631, 1, "key"), (632, 2, "query"), (633, 0, "value")):
         net, tokens = _path_model(seed)
         before = {k: v.clone() for k, v in net.state_dict().items()}
-        out = _call(knock_out, net, tokens, (0, h), path, copy=False, name="knock_out")
+        out = _call(mean_in_path, net, tokens, (0, h), path, copy=False, name="mean_in_path")
         if isinstance(out, tuple):
             out = out[0]
         if isinstance(out, torch.nn.Module):
@@ -437,64 +452,64 @@ def check_knock_out(knock_out, needs, model):
             continue
         for other in _PATHS:
             if other != path and _close(got, _ref_knock_out(net, tokens, (0, h), [other]), 1e-4):
-                raise _Wrong(f"asked for path={path!r}, you removed the head from layer 1's "
-                             f"{other} input instead")
+                raise _Wrong(f"asked for path={path!r}, you patched layer 1's {other} input "
+                             "instead")
         for g in range(net.num_heads):
             if g != h and _close(got, _ref_knock_out(net, tokens, (0, g), [path]), 1e-4):
-                raise _Wrong(f"you removed head {g} of layer 0, not head {h}: head h owns the "
+                raise _Wrong(f"you replaced head {g} of layer 0, not head {h}: head h owns the "
                              "features h*head_dim:(h+1)*head_dim of the concatenation")
         _diagnose(got, [
             ("nothing changed: the logits are the unablated model's",
              _ref_knock_out(net, tokens, (0, h), [])),
-            ("that is zero ablation: the head is gone from all of layer 1's inputs and from the "
-             "stream the unembedding reads; remove it only from the one path's input",
-             _ref_knock_out(net, tokens, (0, h), _PATHS, unembed_too=True)),
-            ("you removed the head from all three of layer 1's inputs (queries, keys and "
-             "values); remove it only from the one named by path",
-             _ref_knock_out(net, tokens, (0, h), _PATHS)),
-            ("the head is also missing from the residual stream that reaches the unembedding: "
-             "layer 1's output must be added to the full stream x + layer 0's output; only the "
-             "path's input lacks the head", _ref_knock_out(net, tokens, (0, h), [path],
-                                                           unembed_too=True)),
+            ("you removed the head from that input (section 8's test): put its mean in its "
+             "place", _ref_knock_out(net, tokens, (0, h), [path], stand_in="zero")),
+            ("you kept one mean per position (averaged over the batch only): take one vector, "
+             "averaged over the batch and all positions",
+             _ref_knock_out(net, tokens, (0, h), [path], stand_in="position")),
+            ("you kept one mean per sequence (averaged over its positions only): take one "
+             "vector, averaged over the batch and all positions",
+             _ref_knock_out(net, tokens, (0, h), [path], stand_in="sequence")),
+            ("that is mean ablation of the whole head (ablate_heads with mean_over): the mean "
+             "also reached layer 1's other inputs and the unembedding; patch only the one "
+             "path's input", _ref_knock_out(net, tokens, (0, h), _PATHS, unembed_too=True)),
+            ("you patched all three of layer 1's inputs (queries, keys and values); patch only "
+             "the one named by path", _ref_knock_out(net, tokens, (0, h), _PATHS)),
+            ("the stream that reaches the unembedding is patched too: layer 1's output must be "
+             "added to the full stream x + layer 0's output; only the path's input changes",
+             _ref_knock_out(net, tokens, (0, h), [path], unembed_too=True)),
             ("you also removed layer 0's output bias b_o: it belongs to no head, keep it",
              _ref_knock_out(net, tokens, (0, h), [path], remove="head+bias")),
-            ("you removed all of layer 0's output from that input, not only the one head's",
+            ("you replaced all of layer 0's output by its mean, not only the one head's",
              _ref_knock_out(net, tokens, (0, h), [path], remove="layer")),
         ], atol=1e-4)
         raise _Wrong(f"the logits differ from the answer by up to {_maxdiff(got, ok)} (path="
                      f"{path!r}, head (0, {h}))")
-    if isinstance(needs, str):
-        needs = [needs]
-    if not isinstance(needs, (list, tuple, set, frozenset)) or not all(
-            isinstance(p, str) and p in _PATHS for p in needs):
-        raise _Wrong('set needs to a list of the inputs through which you predict the restart '
-                     'guess needs the other layer-0 head, from "query", "key" and "value" (none, '
-                     f"one, two or all three: [] is a prediction too); got {needs!r}")
     tokens, prev = _trained_notebook_model(model, "knock_out")
     other = (0, 1 - prev[1])  # the layer-0 head that is not the previous-token head
-    restart = {p: _position_loss(_ref_knock_out(model, tokens, other, [p]), tokens, 10)
-               for p in _PATHS}
     intact = _position_loss(_ref_knock_out(model, tokens, other, []), tokens, 10)
-    measured = {p for p in _PATHS if restart[p] > _RESTART_LOSS}
-    summary = (", ".join(f"{p} {v:.2f}" for p, v in restart.items()) + f" (intact {intact:.2f})")
-    why = {"query": "the query decides where layer 1 looks, and at query 10 it must ask for key 1, "
-                    "the first letter",
-           "key": "key 1 is found as well without it: the keys do not need this head",
-           "value": "the value only needs the letter to copy, which key 1's own embedding holds"}
-    for p in _PATHS:
-        if (p in needs) != (p in measured):
-            said = "needs" if p in needs else "does without"
-            raise _Wrong(f"you predicted the restart guess {said} layer 0, head {other[1]} in "
-                         f"layer 1's {p} input, but the loss predicting t = 11 on the hidden batch "
-                         f"without it is {summary}; it needs a path if the loss rises above "
-                         f"{_RESTART_LOSS}: {why[p]}")
-    repeat = ", ".join(
-        f"{_PLURAL[p]} {_repeat_loss(_ref_knock_out(model, tokens, prev, [p]), tokens):.2f}"
-        for p in _PATHS)
-    return (f"without layer 0, head {other[1]}, the loss predicting t = 11 is {summary}: the "
-            "restart guess needs it in the queries only. The same test on the previous-token head "
-            f"{prev}, repeat loss without it in layer 1's {repeat}: only the keys need it "
-            "(K-composition).")
+    zero = {p: _position_loss(_ref_knock_out(model, tokens, other, [p], stand_in="zero"),
+                              tokens, 10) for p in _PATHS}
+    mean = {p: _position_loss(_ref_knock_out(model, tokens, other, [p]), tokens, 10)
+            for p in _PATHS}
+    measured = mean["query"] < _RESTART_LOSS
+    if bool(comes_back) != measured:
+        if measured:
+            raise _Wrong(f"with the mean in layer 1's query input the loss predicting t = 11 is "
+                         f"{mean['query']:.2f} (removed: {zero['query']:.2f}; intact "
+                         f"{intact:.2f}): the guess comes back. Compare the head's distance from "
+                         "zero with its distance from its mean (section 8's table): what did "
+                         "removing it take away that the mean puts back?")
+        raise _Wrong(f"with the mean in layer 1's query input the loss predicting t = 11 is "
+                     f"{mean['query']:.2f} (removed: {zero['query']:.2f}; intact {intact:.2f}): "
+                     "the guess needs what the head writes, not only its average")
+    table = "; ".join(f"{p} {zero[p]:.2f} / {mean[p]:.2f}" for p in _PATHS)
+    prev_keys = _repeat_loss(_ref_knock_out(model, tokens, prev, ["key"]), tokens)
+    return (f"loss predicting t = 11 with layer 0, head {other[1]} removed / replaced by its mean "
+            f"in layer 1's input: {table} (intact {intact:.2f}). The query missed the constant "
+            "part of the head's output, not what it says about a sequence: zero is an input "
+            "layer 1 never saw in training. The previous-token head is different: its mean in "
+            f"the keys leaves a repeat loss of {prev_keys:.2f}, as its letter is what the keys "
+            "need.")
 
 
 # --------------------------------------------------------------------------------------------

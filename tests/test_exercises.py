@@ -204,7 +204,7 @@ NEW_TOP_KEY = {"starts", "with", "one", "step"}
 # (a difference of 1: weight ratio e); x2 scores 0.5 with x0, with x1 and with itself.
 DESIGN_OK = np.array([[1.0, 0.0], [1.5, 0.5], [0.5, -0.5]])
 DESIGN_ZERO_X2 = [[1.0, 0.0], [1.0, 0.0], [0.0, 0.0]]  # scores 1 and 0: ratio e, but x2 = 0
-DESIGN_SHORT_X2 = [[1.0, 0.0], [1.2, 0.4], [0.2, -0.2]]  # ratio e; x2 scores 0.2 each, |x2| < 0.5
+DESIGN_SHORT_X2 = [[1.0, 0.0], [1.2, 0.4], [0.2, -0.2]]  # ratio e, but |x2| = 0.2828 < 0.5
 DESIGN_PARALLEL = [[1.0, 0.0], [1.5, 0.0], [0.5, 1.0]]  # ratio e, x0 and x1 on one line
 DESIGN_NOT_UNIFORM = [[1.0, 0.0], [1.5, 0.5], [0.5, 1.0]]  # ratio e; x2 scores 0.5, 1.25, 1.25
 DESIGN_ROUNDED = [[1.0, 0.0], [1.5, 0.5], [0.5, -0.4999]]  # ratio e; scores 0.5, 0.5001, 0.4999

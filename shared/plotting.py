@@ -6,8 +6,9 @@ Both functions accept NumPy arrays or PyTorch tensors (moved to the CPU and deta
 
 Three pictures for notebook 01 live here too, so the notebook shows one call instead of
 fifty lines of box drawing: ``plot_bottleneck`` (encoder-decoder RNN vs attention),
-``plot_word_links`` (which words a query word should look at) and ``plot_context_vectors``
-(context vectors inside the convex hull of the inputs).
+``plot_word_links`` (which words a query word should look at), ``plot_context_vectors``
+(context vectors inside the convex hull of the inputs) and ``zoom_context_vectors`` (an inset
+that enlarges context vectors crowded near the centroid).
 
 Two small helpers for the measured plots of notebook 05: ``log_ticks`` (a log axis labelled with
 plain numbers) and ``label_points`` (name labels for dots, kept apart where dots share an x).
@@ -20,7 +21,7 @@ import numpy as np
 import seaborn as sns
 
 __all__ = ["plot_attention", "plot_heads", "plot_bottleneck", "plot_word_links",
-           "plot_context_vectors", "log_ticks", "label_points"]
+           "plot_context_vectors", "zoom_context_vectors", "log_ticks", "label_points"]
 
 MASKED_COLOR = "#d9d9d9"
 
@@ -403,6 +404,58 @@ def plot_context_vectors(X, Z, tokens=None, ax=None, title: str = "Context vecto
     ax.set_title(title)
     ax.legend(fontsize=8, loc="best")
     return ax
+
+
+def zoom_context_vectors(ax, X, Z, tokens=None, bounds=(0.67, 0.025, 0.315, 0.38),
+                         label_offsets=None, pad: float = 0.25):
+    """Enlarge the context vectors of a ``plot_context_vectors`` panel in an inset of ``ax``.
+
+    The inset shows each ``z_i`` (diamond, the token's colour in that panel) and the centroid
+    (cross) in the same projection onto the inputs' first two principal directions, around the
+    box that holds them, widened by ``pad`` on each side; the enlarged box is marked on ``ax``.
+    ``bounds`` places the inset in ``ax``'s axes fraction ``(x0, y0, width, height)``.
+    ``label_offsets`` maps a token to its label offset in points ``(dx, dy)``; by default labels
+    point away from the middle of the diamonds, a quarter turn further for a diamond that nearly
+    covers an earlier one. Returns the inset ``Axes``.
+
+    Shapes: ``X``, ``Z``: ``(T, d)`` with ``T >= 3``, ``d >= 2``; ``tokens``: ``T`` labels.
+    """
+    X, Z = _to_numpy("X", X), _to_numpy("Z", Z)
+    if X.ndim != 2 or X.shape[0] < 3 or X.shape[1] < 2:
+        raise ValueError(f"X must be (T, d) with T >= 3 and d >= 2; got shape {X.shape}")
+    if Z.shape != X.shape:
+        raise ValueError(f"Z must have the shape of X {X.shape}; got {Z.shape}")
+    labels = _check_tokens("tokens", tokens, X.shape[0], "rows (tokens)")
+    centre = X.mean(axis=0)
+    _, _, Vt = np.linalg.svd(X - centre, full_matrices=False)
+    P = Vt[:2] * np.sign(Vt[:2, [0]] + (Vt[:2, [0]] == 0))  # the projection of plot_context_vectors
+    z2 = (Z - centre) @ P.T
+    box = np.vstack([z2, np.zeros((1, 2))])  # the diamonds and the centroid
+    low, high = box.min(axis=0), box.max(axis=0)
+    span = np.maximum(high - low, 1e-12)
+    low, high = low - pad * span, high + pad * span
+    zoom = ax.inset_axes(list(bounds))
+    palette = plt.get_cmap("tab10" if len(z2) <= 10 else "tab20")
+    colors = [palette(i % palette.N) for i in range(len(z2))]
+    zoom.scatter(z2[:, 0], z2[:, 1], c=colors, marker="D", s=30, edgecolors="black", linewidths=0.5)
+    zoom.scatter([0], [0], marker="x", color="black", s=40)
+    middle = z2.mean(axis=0)
+    near = 0.08 * float(span.max())
+    for i, label in enumerate(labels):
+        if label_offsets is not None and label in label_offsets:
+            offset = tuple(label_offsets[label])
+        else:
+            u = z2[i] - middle
+            u = u / (np.hypot(*u) or 1.0)
+            if any(np.hypot(*(z2[i] - z2[k])) < near for k in range(i)):
+                u = np.array([u[1], -u[0]])
+            offset = tuple(16 * u)
+        zoom.annotate(label, z2[i], xytext=offset, textcoords="offset points", fontsize=8,
+                      ha="center", va="center", color=colors[i], fontweight="bold",
+                      arrowprops={"arrowstyle": "-", "lw": 0.6, "color": colors[i], "shrinkB": 3})
+    zoom.set(xlim=(low[0], high[0]), ylim=(low[1], high[1]), xticks=[], yticks=[])
+    ax.indicate_inset_zoom(zoom, edgecolor="dimgrey")
+    return zoom
 
 
 def log_ticks(ax, axis: str = "y") -> None:

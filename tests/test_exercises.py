@@ -27,12 +27,14 @@ def fresh_staged_hints():
     ex.nb02._MISSES.clear()
 
 
-def test_exercise_1_1_shows_the_scores_only_on_a_second_miss(capsys):
-    wrong = [0.5, 0.25, 0.25]  # sums to 1, matches no typical mistake
-    _, first = run(capsys, C.check_predicted_row, wrong, None)
-    assert "start again from its three scores" in first and "c·a = 1" not in first, first
-    _, second = run(capsys, C.check_predicted_row, wrong, None)
-    assert "c·a = 1, c·b = 2, c·c = 2" in second, second
+def test_exercise_1_1_shows_the_measurement_only_on_a_second_miss(capsys):
+    wrong = {"a", "b", "d", "e", "g"}  # doubling X taken for harmless: a temperature, in fact
+    _, first = run(capsys, C.check_invariance_prediction, wrong)
+    assert "6 of the 7 letters right" in first and "(d) doubles X" in first, first
+    assert "measured" not in first, first
+    _, second = run(capsys, C.check_invariance_prediction, wrong)
+    assert "measured largest change of A" in second and "(d) 0.18" in second, second
+    assert "(a) below 1e-12" in second and "(e) below 1e-12" in second, second
 
 
 def run(capsys, checker, *answer):
@@ -73,12 +75,12 @@ def np_softmax(x, axis=-1):
 
 
 # 01 ------------------------------------------------------------------------------------------
-# Exercise 1.1: query c = (1, 1) among a = (1, 0), b = (0, 2): scores 1, 2, 2.
+# Exercise 1.1, derived by hand: softmax ignores a constant per row (a: +5 everywhere, b: +i in
+# row i); XX^T is unchanged by X -> -X (e) and by a rotation X -> XR, R R^T = I (g). A constant
+# added to one key (c), 2X (scores x4, d) and X + 1 (row i gains sum(x_i) + sum(x_j) + d, which
+# depends on j, f) change the weights.
+UNCHANGED = {"a", "b", "e", "g"}
 E = math.e
-PRED_W = [1 / (1 + 2 * E), E / (1 + 2 * E), E / (1 + 2 * E)]
-PRED_Z = [PRED_W[0] + PRED_W[2], 2 * PRED_W[1] + PRED_W[2]]
-PRED_W4 = [0.1554, 0.4223, 0.4223]  # what a learner types: 4 decimals
-PRED_Z4 = [0.5777, 1.2670]
 
 
 def log_softmax_torch(x):  # PyTorch's own, an independent reference
@@ -198,16 +200,19 @@ SIX_TOKENS = ["Your", "journey", "starts", "with", "one", "step"]
 # Rows whose top key changes to the query itself: by notebook 01's printed scores, "starts",
 # "with" and "step" score highest with "journey", "one" with "starts". A plausible wrong prediction.
 NEW_TOP_KEY = {"starts", "with", "one", "step"}
-# 1.4: x2 = (0.5, -0.5) scores 0.5 with x0 = (1, 0), with x1 = (2, 1) and with itself.
-DESIGN_OK = np.array([[1.0, 0.0], [2.0, 1.0], [0.5, -0.5]])
-DESIGN_ZERO_X2 = [[1.0, 0.0], [2.0, 0.0], [0.0, 0.0]]  # the trivial answer, ruled out
-DESIGN_SHORT_X2 = [[1.0, 0.0], [2.0, 1.0], [0.2, -0.2]]  # equal scores 0.2 each, but |x2| < 0.5
-DESIGN_SELF = [[1.0, 0.0], [0.5, 0.0], [0.0, 0.0]]
-DESIGN_PARALLEL = [[1.0, 0.0], [2.0, 0.0], [0.0, 1.0]]  # x0, x1 on one line: no x2 can work
-DESIGN_NOT_UNIFORM = [[1.0, 0.0], [2.0, 1.0], [1.0, 1.0]]  # scores 1, 3, 2
-DESIGN_ROUNDED = [[1.0, 0.0], [2.0, 1.0], [0.5, -0.4999]]  # scores 0.5, 0.5001, 0.4999
-DESIGN_QUERY1 = [[1.0, 0.0], [2.0, 1.0], [0.0, 5.0]]
-
+# 1.4: x0 = (1, 0), x1 = (1.5, 0.5), x2 = (0.5, -0.5): row 0 scores 1.5 and 0.5 for keys 1 and 2
+# (a difference of 1: weight ratio e); x2 scores 0.5 with x0, with x1 and with itself.
+DESIGN_OK = np.array([[1.0, 0.0], [1.5, 0.5], [0.5, -0.5]])
+DESIGN_ZERO_X2 = [[1.0, 0.0], [1.0, 0.0], [0.0, 0.0]]  # scores 1 and 0: ratio e, but x2 = 0
+DESIGN_SHORT_X2 = [[1.0, 0.0], [1.2, 0.4], [0.2, -0.2]]  # ratio e, but |x2| = 0.2828 < 0.5
+DESIGN_PARALLEL = [[1.0, 0.0], [1.5, 0.0], [0.5, 1.0]]  # ratio e, x0 and x1 on one line
+DESIGN_NOT_UNIFORM = [[1.0, 0.0], [1.5, 0.5], [0.5, 1.0]]  # ratio e; x2 scores 0.5, 1.25, 1.25
+DESIGN_ROUNDED = [[1.0, 0.0], [1.5, 0.5], [0.5, -0.4999]]  # ratio e; scores 0.5, 0.5001, 0.4999
+DESIGN_RATIO_ROUNDED = [[1.0, 0.0], [1.5, 0.5], [0.5001, -0.5]]  # difference 0.9999: ratio ~e
+DESIGN_SCORE_RATIO = [[1.0, 0.0], [E / 2, 0.5], [0.5, -0.5]]  # x0.x1 / x0.x2 = e, not the difference
+DESIGN_SCORE_DIFF_E = [[1.0, 0.0], [0.5 + E, 0.5], [0.5, -0.5]]  # x0.x1 - x0.x2 = e: ratio e^e
+DESIGN_REVERSED = [[1.0, 0.0], [-0.5, 0.5], [0.5, -0.5]]  # key 2 gets e times key 1's weight
+DESIGN_OTHER = [[1.0, 0.0], [2.0, 1.0], [0.5, -0.5]]  # 1.4's old answer: difference 1.5
 
 def cosine_in_place(X):  # normalises the learner's X itself
     X /= np.linalg.norm(X, axis=1, keepdims=True)
@@ -223,8 +228,6 @@ def cosine_raises(X):
     return X @ X  # (T, d) @ (T, d): a shape error for T != d
 
 
-DESIGN_BARELY = [[1.0, 0.0], [1.01, 0.0], [0.0, 0.0]]  # prefers key 1, by 0.004 < 0.01
-DESIGN_QUERY1_BARELY = [[1.0, 0.0], [2.0, 1.0], [0.0, 4.98]]  # x1.x1 = 5 vs x1.x2 = 4.98
 
 # 1.5's design half: three unit vectors 120 degrees apart. Every row of X X^T holds 1 (itself)
 # and -1/2 twice, so every row has the same maximum and the same sum: the bug cancels.
@@ -666,21 +669,18 @@ ALL_CHECKERS = [name for name in ex.__all__ if name.startswith("check_")]
 C = ex
 CASES = [
     # 01
-    (C.check_predicted_row, (PRED_W, PRED_Z), True, OK),
-    (C.check_predicted_row, (PRED_W4, PRED_Z4), True, OK),
-    (C.check_predicted_row, (np.array(PRED_W4, dtype=np.float32), torch.tensor(PRED_Z4)), True, OK),
-    (C.check_predicted_row, (None, None), None, NA),
-    (C.check_predicted_row, (PRED_W4, None), None, "now type context_c"),
-    (C.check_predicted_row, ([1, 2, 2], PRED_Z4), False, "these are the scores"),
-    (C.check_predicted_row, ([0.2, 0.4, 0.4], PRED_Z4), False, "divided the scores by their sum"),
-    (C.check_predicted_row, ([0.4223, 0.1554, 0.4223], PRED_Z4), False, "weights of query a"),
-    (C.check_predicted_row, ([0.16, 0.42, 0.42], PRED_Z4), False, "round to 4 decimals"),
-    (C.check_predicted_row, ([0.4223, 0.4223, 0.1554], PRED_Z4), False, "wrong order"),
-    (C.check_predicted_row, (PRED_W4, [3.0, 6.0]), False, "scores (1, 2, 2) instead of the weights"),
-    (C.check_predicted_row, (PRED_W4, [1.0, 1.0]), False, "x_c itself"),
-    (C.check_predicted_row, ("0.1554 0.4223 0.4223", PRED_Z4), False, "not the text"),
-    (C.check_predicted_row, (lambda: PRED_W4, PRED_Z4), False, "not a function"),
-    (C.check_predicted_row, ([15.54, 42.23, 42.23], PRED_Z4), False, "sum to 100.0000"),
+    (C.check_invariance_prediction, (UNCHANGED,), True, OK),
+    (C.check_invariance_prediction, (["A", "b", "e", "g"],), True, OK),
+    (C.check_invariance_prediction, ("a, b, e, g",), True, OK),
+    (C.check_invariance_prediction, (None,), None, NA),
+    (C.check_invariance_prediction, ({"a", "e", "g"},), False, "(b) adds a different constant to each row"),
+    (C.check_invariance_prediction, ({"a", "b", "c", "e", "g"},), False, "(c) adds 5 to the scores of one key"),
+    (C.check_invariance_prediction, ({"a", "b", "e", "f", "g"},), False, "write out (x_i + 1)"),
+    (C.check_invariance_prediction, ({"a", "b", "g"},), False, "(e) flips every embedding"),
+    (C.check_invariance_prediction, ({"b", "e", "g"},), False, "(a) adds one constant"),
+    (C.check_invariance_prediction, ({"a", "b", "e"},), False, "(g) rotates"),
+    (C.check_invariance_prediction, ({"a", "h"},), False, "contains 'h'"),
+    (C.check_invariance_prediction, ({"a": 1},), False, "got dict"),
     (C.check_log_softmax, (log_softmax_torch,), True, OK),
     (C.check_log_softmax, (log_softmax_float32,), True, OK),
     (C.check_log_softmax, (log_softmax_ok,), True, OK),
@@ -730,11 +730,12 @@ CASES = [
     (C.check_design_embeddings, (DESIGN_SHORT_X2,), False, "x2 has length 0.2828"),
     (C.check_design_embeddings, (DESIGN_PARALLEL,), False, "lie on one line through the origin"),
     (C.check_design_embeddings, (DESIGN_ROUNDED,), False, "nearly: query 2's weights"),
-    (C.check_design_embeddings, (DESIGN_SELF,), False, "does not prefer key 1 over itself"),
-    (C.check_design_embeddings, (DESIGN_BARELY,), False, "does prefer key 1, but only by 0.0042"),
-    (C.check_design_embeddings, (DESIGN_NOT_UNIFORM,), False, "query 2's weights"),
-    (C.check_design_embeddings, (DESIGN_QUERY1,), False, "query 1 should attend most to itself"),
-    (C.check_design_embeddings, (DESIGN_QUERY1_BARELY,), False, "query 1 does attend most to itself, but only"),
+    (C.check_design_embeddings, (DESIGN_NOT_UNIFORM,), False, "query 2's weights are"),
+    (C.check_design_embeddings, (DESIGN_RATIO_ROUNDED,), False, "nearly: query 0 gives key 1"),
+    (C.check_design_embeddings, (DESIGN_SCORE_RATIO,), False, "your scores are in the ratio e"),
+    (C.check_design_embeddings, (DESIGN_SCORE_DIFF_E,), False, "your scores differ by e"),
+    (C.check_design_embeddings, (DESIGN_REVERSED,), False, "the other way round"),
+    (C.check_design_embeddings, (DESIGN_OTHER,), False, "4.4817 times the weight of key 2, not e"),
     (C.check_design_embeddings, (DESIGN_OK.T,), False, "shape (3, 2)"),
     (C.check_spot_the_bug, (attention_ok, LUCKY), True, OK),
     (C.check_spot_the_bug, (attention_loop, LUCKY_TYPED), True, OK),
@@ -911,17 +912,16 @@ def test_reference_solutions_agree_with_pytorch():
     assert np.allclose(np_softmax(x), torch.softmax(torch.from_numpy(x), dim=-1).numpy())
     big = np.array([[0.0, 1000.0], [-800.0, 5.0]])
     assert np.allclose(log_softmax_ok(big), torch.log_softmax(torch.from_numpy(big), -1).numpy())
-    w = np.array(PRED_W)
-    assert np.allclose(w, torch.softmax(torch.tensor([1.0, 2.0, 2.0], dtype=torch.float64), -1))
-    assert np.allclose(PRED_Z, w @ np.array([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]]))
     X01 = rng.normal(size=(5, 3)) * np.array([[29.0], [0.1], [1.0], [3.0], [0.5]])
     assert np.allclose(attention_loop(X01), attention_ok(X01).numpy())
     lucky = np.array(LUCKY)
     assert np.allclose(lucky @ lucky.T, np.where(np.eye(3, dtype=bool), 1.0, -0.5))
     assert np.allclose(buggy_attention(lucky), attention_ok(lucky).numpy(), atol=1e-12)
     assert not np.allclose(buggy_attention(np.array(LUCKY_SUMS)), attention_loop(np.array(LUCKY_SUMS)))
-    D = np.array(DESIGN_OK)
-    assert np.allclose((D @ D.T)[2], 0.5)  # query 2: three equal scores
+    D = torch.tensor(DESIGN_OK)
+    A_D = torch.softmax(D @ D.T, dim=-1)
+    assert torch.allclose(A_D[2], torch.full((3,), 1 / 3, dtype=torch.float64))  # query 2 uniform
+    assert math.isclose(A_D[0, 1] / A_D[0, 2], E)  # query 0: key 1 gets e times key 2's weight
     # 1.3's prediction, measured independently with PyTorch on the six tokens
     from shared.data import load_embeddings
 
@@ -930,6 +930,16 @@ def test_reference_solutions_agree_with_pytorch():
     A_cos = cosine_ok(X6)
     ratio = lambda A: A.max(dim=-1).values / A.min(dim=-1).values  # noqa: E731
     assert {t for t, a, c in zip(tokens, ratio(A_dot), ratio(A_cos), strict=True) if c > a} == SHARPER
+    # 1.1's hand-derived set, measured with PyTorch (a rotation by 0.7 rad about the third axis)
+    X6t = torch.from_numpy(X6)
+    S6 = X6t @ X6t.T
+    c, s_ = math.cos(0.7), math.sin(0.7)
+    R = torch.tensor([[c, -s_, 0.0], [s_, c, 0.0], [0.0, 0.0, 1.0]], dtype=torch.float64)
+    scores = {"a": S6 + 5, "b": S6 + torch.arange(6.0, dtype=torch.float64)[:, None],
+              "c": S6 + 5 * (torch.arange(6) == 0), "d": 4 * S6, "e": (-X6t) @ (-X6t).T,
+              "f": (X6t + 1) @ (X6t + 1).T, "g": (X6t @ R) @ (X6t @ R).T}
+    same = {k for k, v in scores.items() if torch.allclose(torch.softmax(v, -1), A_dot, atol=1e-12, rtol=0)}
+    assert same == UNCHANGED
     for k, d_model, base in ((3, 8, 10000.0), (-2, 6, 100.0)):
         assert np.allclose(shift_ok(k, d_model, base), shift_lstsq(k, d_model, base), atol=1e-6)
     torch.manual_seed(0)

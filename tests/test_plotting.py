@@ -305,3 +305,33 @@ def test_label_points_breaks_a_tie_in_height_by_order():
     fig, ax = plt.subplots()
     first, second = label_points(ax, [2, 2], [4, 4], ["a", "b"], ["C0", "C1"])
     assert {first.get_ha(), second.get_ha()} == {"left", "right"}  # never both on the same side
+
+
+def test_zoom_context_vectors_enlarges_every_context_vector_and_the_centroid():
+    from shared.plotting import plot_context_vectors, zoom_context_vectors
+
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(5, 3))
+    W = np.exp(0.1 * X @ X.T)  # nearly uniform weights: the z_i crowd near the centroid
+    Z = (W / W.sum(axis=1, keepdims=True)) @ X
+    ax = plot_context_vectors(X, Z, tokens=list("abcde"))
+    zoom = zoom_context_vectors(ax, torch.tensor(X), torch.tensor(Z), tokens=list("abcde"),
+                                label_offsets={"a": (-10, 5)})
+    assert zoom in ax.child_axes
+    # the same points as the diamonds of the main panel, in the same colours
+    main_diamonds, inset_diamonds = ax.collections[1], zoom.collections[0]
+    assert np.allclose(main_diamonds.get_offsets(), inset_diamonds.get_offsets())
+    assert np.array_equal(main_diamonds.get_facecolors()[:, :3], inset_diamonds.get_facecolors()[:, :3])
+    # the inset's box holds every diamond and the centroid, and is much smaller than the panel's
+    (x0, x1), (y0, y1) = zoom.get_xlim(), zoom.get_ylim()
+    pts = np.vstack([inset_diamonds.get_offsets(), [[0.0, 0.0]]])
+    assert (pts[:, 0] > x0).all() and (pts[:, 0] < x1).all()
+    assert (pts[:, 1] > y0).all() and (pts[:, 1] < y1).all()
+    assert (x1 - x0) < 0.5 * np.ptp(ax.get_xlim())
+    texts = {t.get_text(): t for t in zoom.texts}
+    assert set(texts) == set("abcde")
+    assert tuple(texts["a"].xyann) == (-10, 5)  # a given offset is used as given
+    with pytest.raises(ValueError, match="Z must have the shape of X"):
+        zoom_context_vectors(ax, X, Z[:4])
+    with pytest.raises(ValueError, match="labels but X has 5 rows|tokens"):
+        zoom_context_vectors(ax, X, Z, tokens=["a", "b"])

@@ -29,7 +29,7 @@ from ._core import (
 )
 
 __all__ = [
-    "check_predicted_row",
+    "check_invariance_prediction",
     "check_log_softmax",
     "check_cosine_attention",
     "check_design_embeddings",
@@ -138,14 +138,10 @@ def grade_mirror_prediction(pred_larger, A, i: int = 1, j: int = 4):
 
 
 # --------------------------------------------------------------------------------------------
-# 1.1 Predict a row, then verify
+# 1.1 Which changes leave the weights alone? (a prediction, graded before the learner measures)
 # --------------------------------------------------------------------------------------------
-_X_ABC = np.array([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]])  # a, b, c
-_PREDICT_TOL = 5e-4
-
-
-# How often each staged hint has been given in this kernel: the first miss names the step that
-# went wrong, a later miss shows more (the scores in 1.1, the measurement in 1.3).
+# How often each staged hint has been given in this kernel: the first miss gets a count and one
+# question, a later miss the measurement (1.1 and 1.3).
 _MISSES: dict[str, int] = {}
 
 
@@ -156,78 +152,90 @@ def _miss(kind: str) -> int:
     return before
 
 
-def _near(got: np.ndarray, value, tol: float = _PREDICT_TOL) -> bool:
-    value = np.asarray(value, dtype=np.float64)
-    return got.shape == value.shape and bool(np.all(np.abs(got - value) <= tol))
+_CHANGE_LETTERS = "abcdefg"
+# The question each letter gets when its prediction is wrong: it names what was overlooked
+# without saying which way the answer goes.
+_CHANGE_QUESTIONS = {
+    "a": "(a) adds one constant to every score: what did subtracting a constant from a whole row "
+         "do to the stable softmax's weights in section 4?",
+    "b": "(b) adds a different constant to each row, but the same one across a row: the softmax "
+         "normalises each row on its own, so which constants can it see?",
+    "c": "(c) adds 5 to the scores of one key only, so the added constant is not the same across "
+         "a row: what happens to that key's share of each row?",
+    "d": "(d) doubles X, which multiplies every score by 4: is that a shift of the scores or a "
+         "temperature?",
+    "e": "(e) flips every embedding: what is (-x_i)·(-x_j)?",
+    "f": "(f) adds 1 to every coordinate: write out (x_i + 1)·(x_j + 1); is the extra term the "
+         "same for every key j of row i?",
+    "g": "(g) rotates every embedding by the same R: what does a rotation do to lengths and "
+         "angles, and so to every dot product?",
+}
+
+
+def _changed_weights() -> dict[str, float]:
+    """Per letter of exercise 1.1, the largest change of ``softmax(X X^T)`` on notebook 01's six
+    tokens (measured here, not assumed)."""
+    from shared.data import load_embeddings
+
+    _, X = load_embeddings()
+    T = X.shape[0]
+    Q, R = np.linalg.qr(_rng(101).normal(size=(3, 3)))
+    R = Q * np.sign(np.diag(R))  # an orthogonal matrix
+    if np.linalg.det(R) < 0:
+        R[:, 0] = -R[:, 0]  # a rotation: det = +1
+    S = X @ X.T
+    A = _softmax(S)
+    key0 = (np.arange(T) == 0).astype(float)
+    changed = {"a": S + 5, "b": S + np.arange(T)[:, None], "c": S + 5 * key0,
+               "d": (2 * X) @ (2 * X).T, "e": (-X) @ (-X).T, "f": (X + 1) @ (X + 1).T,
+               "g": (X @ R) @ (X @ R).T}
+    return {k: float(np.abs(_softmax(v) - A).max()) for k, v in changed.items()}
+
+
+def _letters(answer) -> set[str]:
+    """A learner's set (list, tuple, or a string such as "a, b") of the letters a-g."""
+    if isinstance(answer, str):
+        answer = [c for c in answer.lower() if c.isalpha()]
+    if isinstance(answer, dict) or not isinstance(answer, (set, frozenset, list, tuple)):
+        raise _Wrong("predicted_unchanged should be a set of letters such as {\"a\", \"c\"} (or "
+                     f"set() for none); got {type(answer).__name__}")
+    letters = set()
+    for x in answer:
+        if not isinstance(x, str) or x.strip().lower() not in _CHANGE_LETTERS:
+            raise _Wrong(f"predicted_unchanged contains {x!r}: use the letters a to g of the "
+                         "changes")
+        letters.add(x.strip().lower())
+    return letters
 
 
 @_checker
-def check_predicted_row(weights, context=None):
-    """Exercise 1.1: the weights (3 numbers) and the context vector (2 numbers) of query ``c``
-    for the tokens a = (1, 0), b = (0, 2), c = (1, 1), worked out by hand (within 5e-4)."""
-    X = _X_ABC.copy()
-    if weights is None:
-        raise _NotAttempted("weights_c is still None: type the three weights of query c")
-    got = _numbers(weights, "weights_c")
-    if got.size != 3:
-        raise _Wrong(f"weights_c should be three numbers, one per key a, b, c; got {got.size}")
-    got = got.reshape(3)
-    scores = X @ X[2]  # (1, 2, 2)
-    ref = _softmax(scores)
-    if not _near(got, ref):
-        if _near(got, ref, 5e-3):
-            raise _Wrong(f"close, but round to 4 decimals: the weights are about "
-                         f"{np.round(ref, 2).tolist()} and yours differ by {_maxdiff(got, ref)}")
-        for hint, value in (
-            ("these are the scores c·a, c·b, c·c, not weights: exponentiate them and divide by "
-             "the sum of the exponentials", scores),
-            ("you divided the scores by their sum; softmax exponentiates first: e^1, e^2, e^2, "
-             "then divides by their sum", scores / scores.sum()),
-            ("you exponentiated the scores but did not divide by their sum", np.exp(scores)),
-            ("these are the weights of query a (scores a·a, a·b, a·c = 1, 0, 1), not of query c",
-             _softmax(X @ X[0])),
-            ("these are the weights of query b (scores 0, 4, 2), not of query c",
-             _softmax(X @ X[1])),
-            ("notebook 01 does not scale the scores: no division by sqrt(2)",
-             _softmax(scores / math.sqrt(2))),
-        ):
-            if _near(got, value):
-                raise _Wrong(hint)
-        if abs(got.sum() - 1.0) > 2 * _PREDICT_TOL:
-            raise _Wrong(f"your weights sum to {got.sum():.4f}; softmax weights sum to 1")
-        if _near(np.sort(got), np.sort(ref)):
-            raise _Wrong("right numbers in the wrong order: list the weights in key order a, b, c")
-        if _miss("1.1 weights") == 0:
-            raise _Wrong("not the weights of query c: start again from its three scores (the dot "
-                         "products of c with a, b and c), then take the softmax of those")
-        raise _Wrong("not the weights of query c: its scores are c·a = 1, c·b = 2, c·c = 2, and "
-                     "each weight is e^score divided by the sum of the three e^score")
-    if context is None:
-        raise _NotAttempted("the weights are right; now type context_c, the context vector")
-    z = _numbers(context, "context_c")
-    if z.size != 2:
-        raise _Wrong(f"context_c should be two numbers (a vector in the same 2-d space as a, b, "
-                     f"c); got {z.size}")
-    z = z.reshape(2)
-    z_ref = ref @ X
-    if not _near(z, z_ref):
-        if _near(z, z_ref, 5e-3):
-            raise _Wrong(f"context_c is close, but round to 4 decimals: yours differs by "
-                         f"{_maxdiff(z, z_ref)}")
-        for hint, value in (
-            ("you combined the inputs with the scores (1, 2, 2) instead of the weights",
-             scores @ X),
-            ("that is x_c itself: the context vector is the weighted sum "
-             "w_a * a + w_b * b + w_c * c", X[2]),
-            ("you used equal weights 1/3: use the softmax weights you found", X.mean(axis=0)),
-            ("the context vector is sum_j w_j * x_j; you swapped its two components", z_ref[::-1]),
-        ):
-            if _near(z, value):
-                raise _Wrong(hint)
-        raise _Wrong("context_c should be w_a * (1, 0) + w_b * (0, 2) + w_c * (1, 1), with the "
-                     "weights you found")
-    return ("c scores 2 with b and 2 with itself, so b gets exactly as much weight as c: the dot "
-            "product rewards b's length.")
+def check_invariance_prediction(predicted_unchanged):
+    """Exercise 1.1: ``predicted_unchanged``, the set of letters (a to g) of the changes that
+    leave notebook 01's weights ``softmax(X X^T)`` unchanged, typed before measuring. The truth is
+    measured on the six tokens (a change counts as harmless below 1e-12). A first miss gets the
+    count of letters right and one question about the first wrong letter; a later miss gets the
+    measurement."""
+    if predicted_unchanged is None:
+        raise _NotAttempted("predicted_unchanged is still None: type the letters of the changes "
+                            "that leave A unchanged, before you measure")
+    guess = _letters(predicted_unchanged)
+    change = _changed_weights()
+    truth = {k for k, v in change.items() if v < 1e-12}
+    if guess == truth:
+        return ("the softmax sees only differences within a row, so a constant per row (a, b) "
+                "cancels and a per-key one (c) does not; XX^T sees only lengths and angles, so a "
+                "flip (e) or a rotation (g) leaves every score, while 2X (d) is a temperature of "
+                "1/4. Z = AX still flips or rotates with X in (e) and (g).")
+    right = sum((k in guess) == (k in truth) for k in _CHANGE_LETTERS)
+    if _miss("1.1 prediction") == 0:
+        first_wrong = next(k for k in _CHANGE_LETTERS if (k in guess) != (k in truth))
+        raise _Wrong(f"{right} of the 7 letters right. One to rethink: "
+                     f"{_CHANGE_QUESTIONS[first_wrong]} The next run of this cell shows the "
+                     "measurement")
+    measured = ", ".join(f"({k}) {'below 1e-12' if v < 1e-12 else f'{v:.4f}'}"
+                         for k, v in change.items())
+    raise _Wrong(f"measured largest change of A: {measured}; your prediction had {right} of the "
+                 "7 right. Before you retype it, explain each letter you got wrong")
 
 
 # --------------------------------------------------------------------------------------------
@@ -470,21 +478,17 @@ def check_cosine_attention(cosine_attention_weights, predicted_sharper_rows=None
 
 
 # --------------------------------------------------------------------------------------------
-# 1.4 Design embeddings
+# 1.4 Design embeddings: from weights back to scores
 # --------------------------------------------------------------------------------------------
-_MARGIN = 0.01
 _MIN_LENGTH = 0.5  # rules out x2 = 0, which scores 0 with every key for free
-
-
-def _by(margin: float) -> str:
-    return f"{margin:.4f}" if margin >= 5e-5 else "less than 0.0001"
+_RATIO_RTOL = 1e-6  # "exactly e": typed decimals such as 0.333 for 1/3 do not pass
 
 
 @_checker
 def check_design_embeddings(X):
-    """Exercise 1.4: an ``X`` of shape ``(3, 2)`` such that in ``softmax(X X^T)`` query 0's
-    largest weight is on key 1, query 1's on itself (each winning by at least 0.01), and query
-    2's weights are all 1/3, with ``|x2| >= 0.5`` (so not the zero vector: x2 must score
+    """Exercise 1.4: an ``X`` of shape ``(3, 2)`` such that in ``softmax(X X^T)`` query 0 gives key
+    1 exactly ``e`` times the weight it gives key 2 (so ``x0 . x1 - x0 . x2 = 1``), and query 2's
+    weights are all 1/3, with ``|x2| >= 0.5`` (so not the zero vector: x2 must score
     ``x2 . x0 = x2 . x1 = x2 . x2``)."""
     if X is None:
         raise _NotAttempted("X is still None: type a (3, 2) array of numbers")
@@ -496,38 +500,25 @@ def check_design_embeddings(X):
         raise _Wrong("X contains inf or nan: use ordinary numbers")
     S = X @ X.T
     A = _softmax(S)
-    names = ["x0", "x1", "x2"]
-
-    def runner_up(i: int, j: int) -> tuple[int, float]:
-        """The strongest key other than j in row i, and how far key j is ahead of it."""
-        others = [k for k in range(3) if k != j]
-        k = max(others, key=lambda k: A[i, k])
-        return k, A[i, j] - A[i, k]
-
-    k, margin = runner_up(0, 1)
-    if margin < _MARGIN:
-        if margin > 0:
-            raise _Wrong(f"query 0 does prefer key 1, but only by {_by(margin)} in weight over "
-                         f"key {k} ({A[0, 1]:.4f} against {A[0, k]:.4f}); it must win by at "
-                         f"least {_MARGIN}: push x0·x1 = {S[0, 1]:.4f} further above "
-                         f"x0·{names[k]} = {S[0, k]:.4f} (a longer x1 does it)")
-        if k == 0:
-            raise _Wrong(f"query 0 does not prefer key 1 over itself: x0·x0 = {S[0, 0]:.4f}, "
-                         f"x0·x1 = {S[0, 1]:.4f}. A dot product grows with length: make x1 "
-                         "point roughly the way x0 does, but longer")
-        raise _Wrong(f"query 0's largest weight should be on key 1, but key {k} gets "
-                     f"{A[0, k]:.4f} against {A[0, 1]:.4f} (x0·{names[k]} = {S[0, k]:.4f}, "
-                     f"x0·x1 = {S[0, 1]:.4f})")
-    k, margin = runner_up(1, 1)
-    if margin < _MARGIN:
-        if margin > 0:
-            raise _Wrong(f"query 1 does attend most to itself, but only by {_by(margin)} in "
-                         f"weight over key {k} ({A[1, 1]:.4f} against {A[1, k]:.4f}); it must "
-                         f"win by at least {_MARGIN}: x1·x1 = {S[1, 1]:.4f}, x1·{names[k]} = "
-                         f"{S[1, k]:.4f}")
-        raise _Wrong(f"query 1 should attend most to itself, but key {k} gets {A[1, k]:.4f} "
-                     f"against {A[1, 1]:.4f} (x1·{names[k]} = {S[1, k]:.4f}, x1·x1 = "
-                     f"{S[1, 1]:.4f})")
+    ratio = A[0, 1] / A[0, 2] if A[0, 2] > 0 else math.inf
+    if not abs(ratio - math.e) <= _RATIO_RTOL * math.e:
+        scores = f"x0·x1 = {S[0, 1]:.4f}, x0·x2 = {S[0, 2]:.4f}"
+        if abs(ratio - math.e) <= 1e-3 * math.e:
+            raise _Wrong(f"nearly: query 0 gives key 1 {ratio:.6f} times key 2's weight, not e = "
+                         f"{math.e:.6f} ({scores}). Type exact values (fractions, np.sqrt) "
+                         "instead of rounded decimals")
+        if abs(ratio - 1 / math.e) <= 1e-3 / math.e:
+            raise _Wrong(f"the other way round: key 2 gets e times key 1's weight ({scores})")
+        if S[0, 2] != 0 and abs(S[0, 1] / S[0, 2] - math.e) <= 1e-3 * math.e:
+            raise _Wrong(f"your scores are in the ratio e ({scores}), but the weights are in the "
+                         f"ratio {ratio:.4f}: what does the softmax turn into a ratio of weights?")
+        if abs(S[0, 1] - S[0, 2] - math.e) <= 1e-3:
+            raise _Wrong(f"your scores differ by e ({scores}), so the weights are in the ratio "
+                         f"e^e = {ratio:.4f}: by how much must two scores differ for their weights "
+                         "to be in the ratio e?")
+        raise _Wrong(f"query 0 gives key 1 {ratio:.4f} times the weight of key 2, not e "
+                     f"({scores}): how does a ratio of two weights in one row depend on the "
+                     "scores?")
     length = float(np.linalg.norm(X[2]))
     if length < _MIN_LENGTH:
         raise _Wrong(f"x2 has length {length:.4f}; it must be at least {_MIN_LENGTH} (the zero "
@@ -548,8 +539,8 @@ def check_design_embeddings(X):
         raise _Wrong(f"query 2's weights are {np.round(A[2], 4).tolist()}, not 1/3 each: softmax "
                      f"gives equal weights only to equal scores, and yours are {scores}: all three "
                      "must be equal, x2's score with itself included")
-    return ("query 0 prefers the longer x1, and x2 scores the same with every key, itself "
-            "included, so its weights are uniform.")
+    return ("a score difference of 1 is a weight ratio of e, and x2 scores the same with every "
+            "key, itself included, so its weights are uniform.")
 
 
 # --------------------------------------------------------------------------------------------

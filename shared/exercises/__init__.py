@@ -18,7 +18,7 @@ silenced while it runs; the checker diagnoses their effect instead.
 
 The exercises, by notebook (the checker names say what they check):
 
-* 01: ``check_predicted_row``, ``check_log_softmax``, ``check_cosine_attention``,
+* 01: ``check_invariance_prediction``, ``check_log_softmax``, ``check_cosine_attention``,
   ``check_design_embeddings``, ``check_spot_the_bug``.
 * 02: ``check_attend_to_one``, ``check_score_scale``, ``check_init_variance``,
   ``check_shift_matrix``, ``check_recover_permutation``, ``check_attention_bug_fix``.
@@ -48,8 +48,8 @@ The exercises, by notebook (the checker names say what they check):
 
 Notebooks 01-03 pass NumPy arrays to the learner's functions (03's module exercise passes a
 tensor); the others pass PyTorch tensors. Answers may be either (they are converted for comparison).
-Some exercises take values the learner worked out (1.1, 1.4, 2.1), or a prediction or a designed
-input beside the function (1.3, 1.5).
+Some exercises take values the learner worked out (1.4, 2.1), a prediction (1.1), or a prediction
+or a designed input beside the function (1.3, 1.5).
 """
 
 from __future__ import annotations

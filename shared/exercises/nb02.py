@@ -36,8 +36,8 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------------------------
-# Predictions typed inside sections 2 and 5 (not exercises, so not in __all__: the notebook
-# imports them from this module): silent while still `...`, graded once the learner types one
+# Predictions typed inside sections 2, 5 and appendix A (not exercises, so not in __all__: the
+# notebook imports them from here): silent while still `...`, graded once the learner types one
 # --------------------------------------------------------------------------------------------
 @_unless_unanswered
 @_checker
@@ -79,7 +79,7 @@ _WEAK_OPTIONS = {"10": 10.0, "1": 1.0, "0.01": 0.01, "1e-05": 1e-5}
 @_unless_unanswered
 @_checker
 def grade_gradient_prediction(pred_weak, measured):
-    """Section 2, going further: ``pred_weak``, the predicted ratio of the unscaled median row of
+    """Appendix A: ``pred_weak``, the predicted ratio of the unscaled median row of
     dL/dS to the scaled one (10, 1, 0.01 or 1e-5), is right when it is the option nearest (by
     ratio) to ``measured``."""
     p = _scalar(pred_weak, "pred_weak")

@@ -630,7 +630,7 @@ def test_no_guard_chain_peak_is_the_graph_bound():
         ratio[T] = peak_memory(out, "cpu") / (2 * T * T * 4)
     limit = 2 * ratio[256] - ratio[128]
     assert abs(limit - 3) < 0.01
-    assert nb05._training_peak_limit(guard=True) > limit + 0.5
+    assert nb05._training_peak_limit() > limit + 0.5
 
 
 @pytest.mark.parametrize("case", nb05._SAVED_CASES)

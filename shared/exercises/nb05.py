@@ -312,34 +312,24 @@ def _dtype_bytes(dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def _textbook_attention(Q, K, V):
-    """``softmax(Q K^T / sqrt(d)) @ V`` without naive_attention's ``nan_to_num`` guard, written
-    independently of shared.modules."""
-    return torch.softmax(Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1]), dim=-1) @ V
-
-
-def _training_peak_ratio(T: int, B: int = 1, H: int = 2, d: int = 8, dtype=torch.float32,
-                         guard: bool = True) -> float:
-    """Peak CPU bytes of one forward + backward call (``naive_attention``, or with
-    ``guard=False`` the textbook chain without ``nan_to_num``) in ``dtype``, divided by one
-    ``(B, H, T, T)`` score matrix of that dtype, measured with the profiler as the notebook does."""
+def _training_peak_ratio(T: int, B: int = 1, H: int = 2, d: int = 8, dtype=torch.float32) -> float:
+    """Peak CPU bytes of one forward + backward call of ``naive_attention`` in ``dtype``, divided
+    by one ``(B, H, T, T)`` score matrix of that dtype, measured with the profiler as the notebook
+    does."""
     from shared.benchmark import peak_memory
     from shared.modules import naive_attention
 
-    def output(Q, K, V):
-        return naive_attention(Q, K, V)[0] if guard else _textbook_attention(Q, K, V)
-
     gen = torch.Generator().manual_seed(503 + T)
     Q, K, V = (torch.randn(B, H, T, d, generator=gen).to(dtype).requires_grad_() for _ in range(3))
-    peak = peak_memory(lambda: output(Q, K, V).sum().backward(), "cpu")
+    peak = peak_memory(lambda: naive_attention(Q, K, V)[0].sum().backward(), "cpu")
     return peak / (B * H * T * T * _dtype_bytes(dtype))
 
 
-def _training_peak_limit(dtype=torch.float32, guard: bool = True) -> float:
+def _training_peak_limit(dtype=torch.float32) -> float:
     """The limit of the peak, in score matrices of ``dtype``, as T grows: measured at two lengths,
     the part that falls like 1/T (the (B, H, T, d) gradients) extrapolated away."""
     T1, T2 = 128, 256
-    r1, r2 = (_training_peak_ratio(T, dtype=dtype, guard=guard) for T in (T1, T2))
+    r1, r2 = (_training_peak_ratio(T, dtype=dtype) for T in (T1, T2))
     return (T2 * r2 - T1 * r1) / (T2 - T1)
 
 

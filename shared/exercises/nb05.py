@@ -39,7 +39,7 @@ __all__ = [
     "check_time_call",
     "check_merge_partials",
     "check_training_peak",
-    "check_no_guard_peak",
+    "check_saved_bytes",
     "check_flash_block_sizes",
     "check_largest_head_dim",
     "check_halving_prediction",
@@ -312,34 +312,24 @@ def _dtype_bytes(dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def _textbook_attention(Q, K, V):
-    """``softmax(Q K^T / sqrt(d)) @ V`` without naive_attention's ``nan_to_num`` guard, written
-    independently of shared.modules."""
-    return torch.softmax(Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1]), dim=-1) @ V
-
-
-def _training_peak_ratio(T: int, B: int = 1, H: int = 2, d: int = 8, dtype=torch.float32,
-                         guard: bool = True) -> float:
-    """Peak CPU bytes of one forward + backward call (``naive_attention``, or with
-    ``guard=False`` the textbook chain without ``nan_to_num``) in ``dtype``, divided by one
-    ``(B, H, T, T)`` score matrix of that dtype, measured with the profiler as the notebook does."""
+def _training_peak_ratio(T: int, B: int = 1, H: int = 2, d: int = 8, dtype=torch.float32) -> float:
+    """Peak CPU bytes of one forward + backward call of ``naive_attention`` in ``dtype``, divided
+    by one ``(B, H, T, T)`` score matrix of that dtype, measured with the profiler as the notebook
+    does."""
     from shared.benchmark import peak_memory
     from shared.modules import naive_attention
 
-    def output(Q, K, V):
-        return naive_attention(Q, K, V)[0] if guard else _textbook_attention(Q, K, V)
-
     gen = torch.Generator().manual_seed(503 + T)
     Q, K, V = (torch.randn(B, H, T, d, generator=gen).to(dtype).requires_grad_() for _ in range(3))
-    peak = peak_memory(lambda: output(Q, K, V).sum().backward(), "cpu")
+    peak = peak_memory(lambda: naive_attention(Q, K, V)[0].sum().backward(), "cpu")
     return peak / (B * H * T * T * _dtype_bytes(dtype))
 
 
-def _training_peak_limit(dtype=torch.float32, guard: bool = True) -> float:
+def _training_peak_limit(dtype=torch.float32) -> float:
     """The limit of the peak, in score matrices of ``dtype``, as T grows: measured at two lengths,
     the part that falls like 1/T (the (B, H, T, d) gradients) extrapolated away."""
     T1, T2 = 128, 256
-    r1, r2 = (_training_peak_ratio(T, dtype=dtype, guard=guard) for T in (T1, T2))
+    r1, r2 = (_training_peak_ratio(T, dtype=dtype) for T in (T1, T2))
     return (T2 * r2 - T1 * r1) / (T2 - T1)
 
 
@@ -384,43 +374,81 @@ def check_training_peak(training_peak_bound):
                  "with T: at one moment only a few are alive together")
 
 
+# --------------------------------------------------------------------------------------------
+# 5.3 (b) What naive attention's graph saves for the backward pass, in bytes, from the shapes
+# --------------------------------------------------------------------------------------------
+_SAVED_CASES = (  # (B, H, T_q, T_k, d_k, d_v, dtype): T_q != T_k and d_k != d_v in most
+    (2, 3, 7, 19, 8, 5, torch.float32),
+    (1, 4, 33, 12, 16, 24, torch.bfloat16),
+    (3, 2, 10, 10, 64, 32, torch.float16),
+    (1, 5, 40, 9, 6, 11, torch.float64),
+)
+
+
+def _saved_elements(B, H, T_q, T_k, d_k, d_v, squares=2, q_k=True, v=True, out=False,
+                    kv_rows=None, v_width=None):
+    """Elements of the tensors naive attention's graph saves: Q (T_q x d_k) and K (T_k x d_k) for
+    Q @ K^T, V (T_k x d_v) and the cleaned weights for P @ V, softmax's output P (nan_to_num's
+    backward reuses the same P), each B * H times. The keywords build the typical mistakes."""
+    kv_rows = T_k if kv_rows is None else kv_rows
+    v_width = d_v if v_width is None else v_width
+    n = squares * T_q * T_k + (T_q * d_k + kv_rows * d_k if q_k else 0)
+    n += kv_rows * v_width if v else 0
+    n += T_q * d_v if out else 0
+    return B * H * n
+
+
 @_checker
-def check_no_guard_peak(no_guard_peak):
-    """``no_guard_peak``: the limit, as ``T`` grows, of the forward + backward peak of the textbook
-    chain ``softmax(Q K^T / sqrt(d)) @ V`` (no ``nan_to_num`` guard), in float32 score matrices.
-    Softmax's backward step still holds P (saved), the gradient arriving and the one it makes;
-    whatever the guard's backward formula built on top of that is gone with the guard. The
-    reference, and the guarded chain's peak used for the hints, are measured here, so they follow
-    the installed PyTorch."""
-    if no_guard_peak is None:
-        raise _NotAttempted("write your prediction in no_guard_peak (a number of score matrices); "
-                            "the measurement is shown once it is filled in")
-    pred = _number(no_guard_peak, "the number of score matrices")
-    ref = _training_peak_limit(guard=False)
-    if abs(pred - ref) < 0.05:
-        return ("softmax's backward step still holds three T x T tensors (P, the gradient "
-                "arriving, the gradient it makes): the guard cost one saved tensor in the forward "
-                "pass but nothing at the bound, only the temporaries of its own backward formula. "
-                "Now measure it.")
-    guarded = _training_peak_limit(guard=True)
-    patterns = (  # (prediction, hint); a hint is given only where its prediction is not the answer
-        (guarded, "the same peak as with the guard: but the part above the graph's bound was "
-                  "built inside the guard's own backward step, and that step is gone"),
-        (guarded - 1, "removing the guard removes more than one score matrix: everything built "
-                      "inside its backward step goes with it"),
-        (2, "2 is the textbook chain's forward peak; in the backward pass, count what is alive "
-            "while softmax's backward step makes its gradient"),
-        (1, "the backward pass makes T x T gradients while P is still saved: more than one "
-            "score matrix is alive"),
+def check_saved_bytes(saved_bytes):
+    """``saved_bytes(B, H, T_q, T_k, d_k, d_v, dtype)`` -> the bytes autograd saves for the
+    backward pass of ``naive_attention(Q, K, V)`` (Q ``(B, H, T_q, d_k)``, K ``(B, H, T_k, d_k)``,
+    V ``(B, H, T_k, d_v)``), each storage counted once: Q and K, softmax's output P (``T_q x
+    T_k``; ``nan_to_num``'s backward reuses it), the cleaned weights and V. Read from the shapes,
+    not measured: the tests check the formula against what PyTorch's saved-tensor hooks see."""
+    got, parts = [], []
+    for B, H, T_q, T_k, d_k, d_v, dtype in _SAVED_CASES:
+        ans = _call(saved_bytes, B, H, T_q, T_k, d_k, d_v, dtype, name="saved_bytes",
+                    on_error=f"called with B={B}, H={H}, T_q={T_q}, T_k={T_k}, d_k={d_k}, "
+                             f"d_v={d_v}, dtype={dtype}")
+        got.append(_number(ans, "the number of bytes"))
+        parts.append(((B, H, T_q, T_k, d_k, d_v), _dtype_bytes(dtype)))
+    refs = [e * _saved_elements(*shape) for shape, e in parts]
+    if all(abs(g - r) < 0.5 for g, r in zip(got, refs, strict=True)):
+        return ("Q, K, V, P and the cleaned weights: the two T_q x T_k tensors dwarf the rest "
+                "as T grows. SDPA's fused kernel keeps Q, K, V, O and one log-sum-exp per query.")
+    patterns = (  # (hint, bytes for one case): each differs from the answer on some hidden case
+        ("units: count bytes, as many per element as the dtype has (float16 and bfloat16: 2, "
+         "float32: 4, float64: 8)", lambda s, e: 4 * _saved_elements(*s)),
+        ("count bytes, not MiB (do not divide by 2**20)",
+         lambda s, e: e * _saved_elements(*s) / 2**20),
+        ("one T_q x T_k tensor too many: softmax's backward needs only its output P (the scaled "
+         "scores are never saved), and nan_to_num's backward reuses that same P",
+         lambda s, e: e * _saved_elements(*s, squares=3)),
+        ("one T_q x T_k tensor too few: P @ V's backward needs the cleaned weights, a tensor "
+         "distinct from the P that softmax keeps", lambda s, e: e * _saved_elements(*s, squares=1)),
+        ("Q @ K^T's backward needs both of its inputs: dQ = dS K and dK = dS^T Q save Q and K",
+         lambda s, e: e * _saved_elements(*s, q_k=False)),
+        ("P @ V's backward needs V (dP = dO V^T): count it",
+         lambda s, e: e * _saved_elements(*s, v=False)),
+        ("the output O is not saved: sum's backward needs no input, and no later step uses O",
+         lambda s, e: e * _saved_elements(*s, out=True)),
+        ("K and V have T_k rows (one per key), not T_q",
+         lambda s, e: e * _saved_elements(*s, kv_rows=s[2])),
+        ("V's rows have d_v entries, not d_k",
+         lambda s, e: e * _saved_elements(*s, v_width=s[4])),
     )
-    for value, hint in patterns:
-        if abs(value - ref) >= 0.05 and abs(pred - value) < 0.05:
+    for hint, pattern in patterns:
+        expected = [pattern(shape, e) for shape, e in parts]
+        if any(abs(x - r) >= 0.5 for x, r in zip(expected, refs, strict=True)) and all(
+                abs(g - x) <= 1e-6 * abs(x) for g, x in zip(got, expected, strict=True)):
             raise _Wrong(hint)
-    if pred < ref:
-        raise _Wrong("too few: find the backward step where the most T x T tensors are alive "
-                     "together (saved ones, the gradient arriving, the one being made)")
-    raise _Wrong("too many: without the guard, which backward step builds anything beyond the "
-                 "tensors the graph itself keeps alive?")
+    if any(g <= 0 for g in got):
+        raise _Wrong("a saved tensor takes memory: the bytes are positive")
+    i = next(i for i, (g, r) in enumerate(zip(got, refs, strict=True)) if abs(g - r) >= 0.5)
+    (B, H, T_q, T_k, d_k, d_v), _ = parts[i]
+    raise _Wrong(f"for B={B}, H={H}, T_q={T_q}, T_k={T_k}, d_k={d_k}, d_v={d_v}, "
+                 f"{_SAVED_CASES[i][-1]}: got {got[i]:g} bytes, not what the graph saves. Walk "
+                 "the chain: which tensors does each step's backward formula need?")
 
 
 # --------------------------------------------------------------------------------------------

@@ -225,7 +225,7 @@ def check_invariance_prediction(predicted_unchanged):
         return ("the softmax sees only differences within a row, so a constant per row (a, b) "
                 "cancels and a per-key one (c) does not; XX^T sees only lengths and angles, so a "
                 "flip (e) or a rotation (g) leaves every score, while 2X (d) is a temperature of "
-                "1/4. Z = AX still flips or rotates with X in (e) and (g).")
+                "1/4.")
     right = sum((k in guess) == (k in truth) for k in _CHANGE_LETTERS)
     if _miss("1.1 prediction") == 0:
         first_wrong = next(k for k in _CHANGE_LETTERS if (k in guess) != (k in truth))
@@ -348,6 +348,9 @@ def _cosine_weights(X: np.ndarray) -> np.ndarray:
     return _softmax(U @ U.T)
 
 
+_ASKED_ROWS = ("journey", "one")  # 1.3 asks about these two rows only
+
+
 def _sharper_rows() -> tuple[list[str], np.ndarray, np.ndarray]:
     """The six tokens of notebook 01, and per row the span (largest minus smallest score) of the
     dot-product scores and of the cosines: largest / smallest weight = e^span."""
@@ -364,14 +367,6 @@ def _names(names: set[str]) -> str:
     """{'one'} -> "'one'"; {'a', 'b'} -> "'a' and 'b'" (sorted, so the text is stable)."""
     quoted = [repr(n) for n in sorted(names)] or ["no row"]
     return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " and " + quoted[-1]
-
-
-def _dot_top_keys() -> list[str]:
-    """Per row of notebook 01's six tokens, the key with the largest dot-product score."""
-    from shared.data import load_embeddings
-
-    tokens, X = load_embeddings()
-    return [tokens[int(j)] for j in np.argmax(X @ X.T, axis=-1)]
 
 
 def _token_set(answer, tokens: list[str], what: str) -> set[str]:
@@ -398,10 +393,10 @@ def check_cosine_attention(cosine_attention_weights, predicted_sharper_rows=None
     """Exercise 1.3: ``cosine_attention_weights(X)`` -> ``softmax(cos)`` row by row, ``(T, T)``,
     where ``cos[i, j] = x_i . x_j / (|x_i| |x_j|)``. X: NumPy ``(T, d)``, no zero rows, left
     unchanged (the learner's function gets the checker's array itself, so ``X /= ...`` shows).
-    Then ``predicted_sharper_rows``: the tokens of notebook 01 whose row gets sharper (a larger
-    ratio of largest to smallest weight) with cosines than with dot products, made before
-    measuring (a set of names or 0-based indices). A first wrong prediction learns how many of
-    the six rows it got right and what to compare; a later one is shown the measurement."""
+    Then ``predicted_sharper_rows``: which of the rows "journey" and "one" of notebook 01 get
+    sharper (a larger ratio of largest to smallest weight) with cosines than with dot products,
+    made before measuring (a set of names or 0-based indices). A first wrong prediction gets the
+    question to think through; a later one is shown the measurement."""
     rng = _rng(103)
     lengths = np.array([[1.0], [100.0], [0.01], [7.0], [0.3]])
     cases = [rng.uniform(0.05, 1, (6, 3)), rng.normal(size=(4, 5)),
@@ -446,35 +441,36 @@ def check_cosine_attention(cosine_attention_weights, predicted_sharper_rows=None
         raise _Wrong(f"the weights differ from softmax(cos) by up to {_maxdiff(got, ref)}")
     if predicted_sharper_rows is None:
         raise _NotAttempted("the function is right; now type predicted_sharper_rows, your "
-                            "prediction of the rows that get sharper")
+                            "prediction of which of 'journey' and 'one' get sharper")
     tokens, span_dot, span_cos = _sharper_rows()
-    truth = {t for t, a, b in zip(tokens, span_dot, span_cos, strict=True) if b > a}
     guess = _token_set(predicted_sharper_rows, tokens, "predicted_sharper_rows")
+    if guess - set(_ASKED_ROWS):
+        raise _Wrong(f"only the rows {_names(set(_ASKED_ROWS))} are asked; "
+                     f"predicted_sharper_rows contains {_names(guess - set(_ASKED_ROWS))}")
+    asked = [(t, a, b) for t, a, b in zip(tokens, span_dot, span_cos, strict=True)
+             if t in _ASKED_ROWS]
+    truth = {t for t, a, b in asked if b > a}
     if guess != truth:
-        # The prediction is committed before the measurement, so the measurement can be shown:
-        # which rows get sharper, and the learner's count. Only one reasoning slip gets its own
-        # hint; the why is left to the learner.
-        right = sum((t in guess) == (t in truth) for t in tokens)
-        new_winner = {t for t, row in zip(tokens, _dot_top_keys(), strict=True) if row != t}
-        spans = ", ".join(f"{t} {math.exp(a):.2f} -> {math.exp(b):.2f}"
-                          for t, a, b in zip(tokens, span_dot, span_cos, strict=True))
-        measured = (f"measured largest / smallest weight per row, dot -> cosine: {spans}; "
-                    f"so {_names(truth)} {'gets' if len(truth) == 1 else 'get'} sharper")
-        if guess == new_winner:
-            raise _Wrong("you listed the rows whose top key changes (to the query itself): "
-                         "sharpness is not about which key wins but about the gap between the "
-                         "largest and the smallest score of the row")
+        # The prediction is committed before the measurement, so a second miss is shown it.
+        # With two rows (four possible answers) a count would hand the answer over, so the first
+        # miss gets the question to think through; the why is left to the learner.
         if _miss("1.3 prediction") == 0:
-            raise _Wrong(f"{right} of the 6 rows right. A row's largest / smallest weight is "
-                         "e^(largest score - smallest score): what happens to that gap when "
-                         "every score of the row is divided by both lengths? Think it through "
-                         "once more; the next run of this cell shows the measurement")
-        raise _Wrong(f"{measured}. Your prediction had {right} of the 6 rows right. Before you "
-                     "retype it, explain each row: what happens to the largest and to the "
-                     "smallest score of a row when every score is divided by both lengths?")
+            raise _Wrong("not yet. A row's largest / smallest weight is e^(largest score - "
+                         "smallest score). In each of the two rows, which keys give the largest "
+                         "and the smallest dot-product score, how long are they (section 3 "
+                         "printed the lengths), and what happens to each score when it is "
+                         "divided by both lengths? The next run of this cell shows the "
+                         "measurement")
+        measured = "; ".join(f"{t} {math.exp(a):.2f} -> {math.exp(b):.2f} "
+                             f"({'sharper' if b > a else 'flatter'})" for t, a, b in asked)
+        raise _Wrong(f"measured largest / smallest weight, dot product -> cosine: {measured}. "
+                     "Before you retype your prediction, explain each row: what happens to its "
+                     "largest and to its smallest score when every score is divided by both "
+                     "lengths?")
     return ("cos(x_i, x_i) = 1 is the largest possible cosine, so every query now attends most "
-            "to itself; only the row of the short 'one', whose own score lost to longer vectors, "
-            "gets sharper.")
+            "to itself. 'journey' gets flatter: its top keys are long and its bottom key short, so "
+            "dropping the lengths narrows its gap; 'one' gets sharper: its own score, which lost "
+            "to longer keys, rises to the maximum 1.")
 
 
 # --------------------------------------------------------------------------------------------

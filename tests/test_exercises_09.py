@@ -820,3 +820,40 @@ def test_mixed_heads_stub_is_not_attempted(capsys):
 
     result, out = run(capsys, ex.check_weights_values_split, None, mixed_heads_at_it)
     assert result.passed is None and "mixed_heads_at_it" in out, out
+
+
+# Section 8: the graded prediction (right-way vs wrong-way switches) ---------------------------
+from shared.exercises.nb09 import grade_switch_prediction  # noqa: E402
+
+# hand-made margins: the right way wins in pairs 0, 4 and 5 only (3 of 7)
+RIGHT = [0.04, 0.0001, 0.0002, 0.0001, 0.009, 0.014, 0.001]
+WRONG = [0.03, 0.0004, 0.005, 0.006, 0.002, 0.010, 0.003]
+
+
+def test_switch_prediction_unanswered_prints_nothing(capsys):
+    assert grade_switch_prediction(..., RIGHT, WRONG) is None
+    assert grade_switch_prediction(None, RIGHT, WRONG) is None
+    assert capsys.readouterr().out == ""
+
+
+def test_switch_prediction_right_option():
+    result = grade_switch_prediction("3 or 4", RIGHT, WRONG)
+    assert result.passed is True and "3 of 7" in result.message
+
+
+@pytest.mark.parametrize("guess", ["7 of 7", "5 or 6", "2 or fewer"])
+def test_switch_prediction_wrong_option_names_the_chance_level(guess):
+    result = grade_switch_prediction(guess, RIGHT, WRONG)
+    assert result.passed is False
+    assert "3 of 7" in result.message and "about half" in result.message
+
+
+def test_switch_prediction_counts_from_the_margins():
+    assert grade_switch_prediction("7 of 7", [1.0] * 7, [0.0] * 7).passed is True
+    assert grade_switch_prediction("2 or fewer", [0.0] * 7, [1.0] * 7).passed is True
+
+
+@pytest.mark.parametrize("guess", [3, "half", ["3 or 4"]])
+def test_switch_prediction_malformed_guess(guess):
+    result = grade_switch_prediction(guess, RIGHT, WRONG)
+    assert result.passed is False and "pred_right_wins must be one of" in result.message

@@ -25,6 +25,7 @@ from ._core import (
     _shape,
     _softmax,
     _t,
+    _unless_unanswered,
     _Wrong,
 )
 
@@ -40,6 +41,35 @@ __all__ = [
     "check_carrier_prediction",
     "check_weights_values_split",
 ]
+
+
+# --------------------------------------------------------------------------------------------
+# Section 8: a prediction typed in the teaching cell (not an exercise: not in __all__)
+# --------------------------------------------------------------------------------------------
+_SWITCH_OPTIONS = {"7 of 7": (7, 7), "5 or 6": (5, 6), "3 or 4": (3, 4), "2 or fewer": (0, 2)}
+
+
+@_unless_unanswered
+@_checker
+def grade_switch_prediction(pred_right_wins, right, wrong):
+    """Section 8: ``pred_right_wins``, in how many of the 7 Winograd pairs the best right-way
+    margin beats the best wrong-way one: "7 of 7", "5 or 6", "3 or 4" or "2 or fewer".
+    ``right``, ``wrong``: 7 numbers each, per pair the best margin over the heads of a switch
+    toward the noun each sentence means, and toward the other noun. Right when the option holds
+    the measured count."""
+    right, wrong = _arr(right, "right"), _arr(wrong, "wrong")
+    _shape(right, (7,), "right", "one best margin per pair")
+    _shape(wrong, (7,), "wrong", "one best margin per pair")
+    if not isinstance(pred_right_wins, str) or pred_right_wins not in _SWITCH_OPTIONS:
+        raise _Wrong(f"pred_right_wins must be one of {', '.join(map(repr, _SWITCH_OPTIONS))}; "
+                     f"got {pred_right_wins!r}")
+    wins = int((right > wrong).sum())
+    low, high = _SWITCH_OPTIONS[pred_right_wins]
+    said = f"you predicted {pred_right_wins}; measured: the right way wins in {wins} of 7 pairs"
+    if not low <= wins <= high:
+        raise _Wrong(f"{said}. If no head tracked the referent, a switch would go either way and "
+                     "each column would win about half the pairs: compare your guess with that")
+    return said + ", as you said"
 
 
 # --------------------------------------------------------------------------------------------

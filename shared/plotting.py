@@ -480,7 +480,8 @@ def label_points(ax, xs, ys, labels, colors, fontsize: float = 8, shared_x: str 
     highest gets its label to the left and the others to the right, so that two labels never sit
     on top of each other. With ``shared_x="stack"``: their labels form one column to the left,
     highest dot first, each below the lines of the ones above, and every dot but the highest is
-    drawn as a hollow ring, so that dots at nearly the same height both read."""
+    drawn as a hollow ring, so that dots at nearly the same height both read; the column's labels
+    sit on a white box, so that they read over grid and reference lines."""
     xs, ys, labels, colors = list(xs), list(ys), list(labels), list(colors)
     if not len(xs) == len(ys) == len(labels) == len(colors):
         raise ValueError(f"xs, ys, labels and colors must have one entry per point; got lengths "
@@ -490,8 +491,8 @@ def label_points(ax, xs, ys, labels, colors, fontsize: float = 8, shared_x: str 
     texts = []
     for k, (x, y, label, color) in enumerate(zip(xs, ys, labels, colors, strict=True)):
         twins = [(ys[j], -j) for j in range(len(xs)) if xs[j] == x and j != k]
-        anchor, ring = (x, y), False
-        if twins and shared_x == "stack":  # one column left of the group, highest dot's label first
+        anchor, ring, stacked = (x, y), False, bool(twins) and shared_x == "stack"
+        if stacked:  # one column left of the group, highest dot's label first
             above = sorted((j for j in range(len(xs)) if xs[j] == x and (ys[j], -j) > (y, -k)),
                            key=lambda j: (-ys[j], j))
             lines_above = sum(labels[j].count("\n") + 1 for j in above)
@@ -505,6 +506,8 @@ def label_points(ax, xs, ys, labels, colors, fontsize: float = 8, shared_x: str 
             ax.plot([x], [y], "o", ms=13, mfc="none", mew=2, color=color)
         else:
             ax.plot([x], [y], "o", ms=7, color=color)
+        box = {"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8}
         texts.append(ax.annotate(label, anchor, xytext=(dx, dy), textcoords="offset points",
-                                 fontsize=fontsize, ha=ha, va=va, color=color))
+                                 fontsize=fontsize, ha=ha, va=va, color=color,
+                                 bbox=box if stacked else None))
     return texts

@@ -319,6 +319,7 @@ def test_label_points_stacks_labels_of_a_shared_x_in_one_column():
     assert high.xyann[1] - mid.xyann[1] == pytest.approx(2 * 10) and mid.xyann[1] - low.xyann[1] == pytest.approx(10)
     rings = [line for line in ax.get_lines() if line.get_markerfacecolor() == "none"]
     assert len(ax.get_lines()) == 4 and len(rings) == 2  # the two lower dots of the group are rings
+    assert alone.get_bbox_patch() is None and all(t.get_bbox_patch() for t in (low, high, mid))  # boxed
     with pytest.raises(ValueError, match="shared_x must be 'split' or 'stack'"):
         label_points(ax, [1], [1], ["a"], ["C0"], shared_x="left")
 

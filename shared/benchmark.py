@@ -35,6 +35,7 @@ __all__ = [
     "interleaved_medians",
     "interleaved_best",
     "best_times_ms",
+    "timing_ways_ms",
     "minor_page_faults",
     "sdpa_backend_calls",
     "attention_flops",
@@ -209,6 +210,34 @@ def best_times_ms(fns: dict[str, Callable[[], object]], device="cpu", rounds: in
     clock = time.process_time if one_cpu_thread else None
     best = interleaved_best(fns, device, rounds, min_run_time, clock)
     return {name: 1e3 * seconds for name, seconds in best.items()}
+
+
+def timing_ways_ms(fn: Callable[[], object], device="cpu", rounds: int = 2,
+                   min_run_time: float = 0.05) -> dict[str, float]:
+    """``{way: milliseconds per call}`` of ``fn()`` timed three ways, in turns, ``rounds`` times,
+    each way keeping its fastest figure: ``"bare clock"`` (``time.perf_counter`` around 5 calls,
+    no synchronisation: on a GPU it sees only the launches), ``"Timer, 1 thread"``
+    (``torch.utils.benchmark.Timer`` at its default ``num_threads=1``) and ``"time_fn"``
+    (:func:`time_fn`: torch's own thread count, the device synchronised)."""
+    _check_callable(fn)
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be a positive integer; got {rounds!r}")
+    import time
+
+    from torch.utils import benchmark
+
+    bare = benchmark.Timer(stmt="fn()", globals={"fn": fn}, timer=time.perf_counter,
+                           num_threads=torch.get_num_threads())
+    one_thread = benchmark.Timer(stmt="fn()", globals={"fn": fn})  # num_threads=1
+    ways = {"bare clock": lambda: bare.timeit(number=5).median,
+            "Timer, 1 thread": lambda: one_thread.blocked_autorange(min_run_time=min_run_time)
+            .median,
+            "time_fn": lambda: time_fn(fn, device, min_run_time)}
+    best = {way: math.inf for way in ways}
+    for _ in range(rounds):  # in turns: a busy neighbour slows all alike; noise only adds time
+        for way, measure in ways.items():
+            best[way] = min(best[way], measure())
+    return {way: 1e3 * seconds for way, seconds in best.items()}
 
 
 def minor_page_faults(fn: Callable[[], object], calls: int = 3) -> float | None:

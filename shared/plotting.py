@@ -471,25 +471,43 @@ def log_ticks(ax, axis: str = "y") -> None:
     target.set_minor_formatter(NullFormatter())
 
 
-def label_points(ax, xs, ys, labels, colors, fontsize: float = 8) -> list:
+def label_points(ax, xs, ys, labels, colors, fontsize: float = 8, shared_x: str = "split") -> list:
     """Draw one dot per point and write its label next to it; return the text objects.
 
     Shapes: ``xs``, ``ys``, ``labels``, ``colors``: ``n`` each. Every label hangs just below its
     dot (clear of a line running through the dots, such as a roofline's roof). A dot alone at its x
-    gets its label to the right; of dots that share an x, the highest gets its label to the left
-    and the others to the right, so that two labels never sit on top of each other."""
+    gets its label to the right. Dots that share an x, with ``shared_x="split"`` (the default): the
+    highest gets its label to the left and the others to the right, so that two labels never sit
+    on top of each other. With ``shared_x="stack"``: their labels form one column to the left,
+    highest dot first, each below the lines of the ones above, and every dot but the highest is
+    drawn as a hollow ring, so that dots at nearly the same height both read; the column's labels
+    sit on a white box, so that they read over grid and reference lines."""
     xs, ys, labels, colors = list(xs), list(ys), list(labels), list(colors)
     if not len(xs) == len(ys) == len(labels) == len(colors):
         raise ValueError(f"xs, ys, labels and colors must have one entry per point; got lengths "
                          f"{len(xs)}, {len(ys)}, {len(labels)}, {len(colors)}")
+    if shared_x not in ("split", "stack"):
+        raise ValueError(f"shared_x must be 'split' or 'stack'; got {shared_x!r}")
     texts = []
     for k, (x, y, label, color) in enumerate(zip(xs, ys, labels, colors, strict=True)):
         twins = [(ys[j], -j) for j in range(len(xs)) if xs[j] == x and j != k]
-        if twins and (y, -k) > max(twins):  # the highest of dots sharing this x: label on the left
+        anchor, ring, stacked = (x, y), False, bool(twins) and shared_x == "stack"
+        if stacked:  # one column left of the group, highest dot's label first
+            above = sorted((j for j in range(len(xs)) if xs[j] == x and (ys[j], -j) > (y, -k)),
+                           key=lambda j: (-ys[j], j))
+            lines_above = sum(labels[j].count("\n") + 1 for j in above)
+            anchor, ring = (x, max(twins)[0] if above else y), bool(above)
+            dx, dy, ha, va = -11, -3 - 1.25 * fontsize * lines_above, "right", "top"
+        elif twins and (y, -k) > max(twins):  # the highest dot sharing this x: label on the left
             dx, dy, ha, va = -9, -3, "right", "top"
         else:  # a dot alone, or a lower one of a shared x (label further down, clear of the rest)
             dx, dy, ha, va = 7, -8 if twins else -3, "left", "top"
-        ax.plot([x], [y], "o", ms=7, color=color)
-        texts.append(ax.annotate(label, (x, y), xytext=(dx, dy), textcoords="offset points",
-                                 fontsize=fontsize, ha=ha, va=va, color=color))
+        if ring:
+            ax.plot([x], [y], "o", ms=13, mfc="none", mew=2, color=color)
+        else:
+            ax.plot([x], [y], "o", ms=7, color=color)
+        box = {"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8}
+        texts.append(ax.annotate(label, anchor, xytext=(dx, dy), textcoords="offset points",
+                                 fontsize=fontsize, ha=ha, va=va, color=color,
+                                 bbox=box if stacked else None))
     return texts

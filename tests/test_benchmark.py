@@ -37,6 +37,7 @@ from shared.benchmark import (
     sdpa_kernel_used,
     synchronize,
     time_fn,
+    timing_ways_ms,
 )
 
 
@@ -254,6 +255,14 @@ def test_best_times_ms_is_in_milliseconds_and_picks_the_clock(monkeypatch):
         torch.set_num_threads(threads)
     assert one["sleep"] < 0.3  # a 3 ms sleep costs almost no CPU time
     assert 2.9 < two["sleep"] < 30  # 3 ms of wall time, in milliseconds
+
+
+def test_timing_ways_ms_times_a_known_wall_time_three_ways():
+    times = timing_ways_ms(lambda: time.sleep(0.003), "cpu", rounds=1, min_run_time=0.02)
+    assert list(times) == ["bare clock", "Timer, 1 thread", "time_fn"]
+    assert all(2.9 < ms < 30 for ms in times.values())  # a 3 ms sleep is 3 ms of wall time each way
+    with pytest.raises(ValueError, match="rounds must be a positive integer"):
+        timing_ways_ms(lambda: None, rounds=0)
 
 
 def test_minor_page_faults_count_fresh_memory_only():

@@ -307,6 +307,23 @@ def test_label_points_breaks_a_tie_in_height_by_order():
     assert {first.get_ha(), second.get_ha()} == {"left", "right"}  # never both on the same side
 
 
+def test_label_points_stacks_labels_of_a_shared_x_in_one_column():
+    fig, ax = plt.subplots()
+    texts = label_points(ax, [1, 5, 5, 5], [10, 2, 3, 2.5], ["alone", "low", "high\n(two lines)", "mid"],
+                         ["C0"] * 4, shared_x="stack")
+    alone, low, high, mid = texts
+    assert alone.get_ha() == "left" and alone.xyann[0] > 0  # a dot alone: unchanged, to the right
+    assert all(t.get_ha() == "right" and t.xyann[0] < 0 for t in (low, high, mid))  # one column, left
+    assert high.xy == mid.xy == low.xy == (5, 3)  # all hang from the highest dot of the group
+    # highest first; each label starts one line (1.25 x 8 pt) below the lines above it: 2, then 3
+    assert high.xyann[1] - mid.xyann[1] == pytest.approx(2 * 10) and mid.xyann[1] - low.xyann[1] == pytest.approx(10)
+    rings = [line for line in ax.get_lines() if line.get_markerfacecolor() == "none"]
+    assert len(ax.get_lines()) == 4 and len(rings) == 2  # the two lower dots of the group are rings
+    assert alone.get_bbox_patch() is None and all(t.get_bbox_patch() for t in (low, high, mid))  # boxed
+    with pytest.raises(ValueError, match="shared_x must be 'split' or 'stack'"):
+        label_points(ax, [1], [1], ["a"], ["C0"], shared_x="left")
+
+
 def test_zoom_context_vectors_enlarges_every_context_vector_and_the_centroid():
     from shared.plotting import plot_context_vectors, zoom_context_vectors
 

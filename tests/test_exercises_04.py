@@ -639,9 +639,10 @@ FACTORS_48 = {"matmul FLOPs": 1.0, "weights": 48.0}
     (nb04.grade_flop_prediction, (FACTORS_48,), {"matmul FLOPs": ..., "weights": ...}),
     (nb04.grade_flop_prediction, (FACTORS_48,), None),
 ])
-def test_section_predictions_are_silent_until_typed(capsys, checker, args, unanswered):
-    assert checker(unanswered, *args) is None
-    assert capsys.readouterr().out == ""
+def test_section_predictions_say_not_attempted_until_typed(capsys, checker, args, unanswered):
+    result = checker(unanswered, *args)
+    out = capsys.readouterr().out
+    assert result.passed is None and out.startswith("not attempted yet") and "to have them graded" in out, out
 
 
 @pytest.mark.parametrize("prediction, passed, phrase", [

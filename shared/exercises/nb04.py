@@ -86,52 +86,33 @@ def _whole_number(ans, what: str) -> int:
 
 # --------------------------------------------------------------------------------------------
 # Predictions typed inside sections 2 and 6 (not exercises, so not in __all__: the notebook
-# imports them from this module): silent while still `...`, graded once the learner types them
+# imports them from this module): "not attempted yet" while still `...`, graded once typed
 # --------------------------------------------------------------------------------------------
-def _typed(prediction: dict, keys: tuple, name: str):
-    """The learner's dict of predictions: None while every entry is still ``...`` (the cell then
-    prints nothing); ``_NotAttempted`` while only some are typed; ``_Wrong`` for another shape."""
+def _typed(prediction: dict, keys: tuple, name: str, what: str):
+    """The learner's dict of predictions; ``_NotAttempted`` while any entry is still ``...``
+    (or the whole dict is), ``_Wrong`` for another shape."""
     if prediction is ... or prediction is None:
-        return None
+        raise _NotAttempted(f"type {what} into {name} to have them graded")
     if not isinstance(prediction, dict) or set(prediction) != set(keys):
         raise _Wrong(f"{name} must be a dict with the keys {', '.join(map(repr, keys))}; got "
                      f"{prediction!r}")
     missing = [k for k in keys if prediction[k] is ... or prediction[k] is None]
     if len(missing) == len(keys):
-        return None
+        raise _NotAttempted(f"type {what} into {name} to have them graded")
     if missing:
         raise _NotAttempted(f"type a prediction for {', '.join(map(repr, missing))} in {name} too")
     return prediction
 
 
-def _silent_until_typed(keys: tuple, name: str):
-    """Print nothing (and return None) while every entry of the prediction is still ``...``."""
-
-    def wrap(checker):
-        def run(prediction, *args, **kwargs):
-            try:
-                if _typed(prediction, keys, name) is None:
-                    return None
-            except (_Wrong, _NotAttempted):
-                pass  # the checker reports these
-            return checker(prediction, *args, **kwargs)
-
-        run.__name__, run.__doc__ = checker.__name__, checker.__doc__
-        return run
-
-    return wrap
-
-
 _CALL_KEYS = ("wrapper", "MultiHeadAttention")
 
 
-@_silent_until_typed(_CALL_KEYS, "pred_calls")
 @_checker
 def grade_matmul_prediction(pred_calls, measured):
     """Section 2: ``pred_calls``, ``{"wrapper": n, "MultiHeadAttention": m}``, the predicted
     numbers of matrix products (``mm``, ``addmm``, ``bmm``) in one forward pass with 12 heads;
     ``measured``, the same dict as counted by the profiler."""
-    _typed(pred_calls, _CALL_KEYS, "pred_calls")
+    _typed(pred_calls, _CALL_KEYS, "pred_calls", "two whole numbers")
     guess = {k: _whole_number(pred_calls[k], f"pred_calls[{k!r}]") for k in _CALL_KEYS}
     truth = {k: int(measured[k]) for k in _CALL_KEYS}
     said = "you predicted " + ", ".join(f"{k} {guess[k]}" for k in _CALL_KEYS)
@@ -159,14 +140,13 @@ def grade_matmul_prediction(pred_calls, measured):
 _FACTOR_KEYS = ("matmul FLOPs", "weights")
 
 
-@_silent_until_typed(_FACTOR_KEYS, "pred_factor")
 @_checker
 def grade_flop_prediction(pred_factor, measured):
     """Section 6: ``pred_factor``, ``{"matmul FLOPs": a, "weights": b}``, the predicted factors
     by which the FLOPs of ``QK^T`` and ``weights @ V`` and the size of the ``(B, H, T, T)``
     weights grow from 1 head to 48 at the same ``d``; ``measured``, the same dict as counted. A
     factor within 10 % (by ratio) is right."""
-    _typed(pred_factor, _FACTOR_KEYS, "pred_factor")
+    _typed(pred_factor, _FACTOR_KEYS, "pred_factor", "two factors")
     guess = {}
     for k in _FACTOR_KEYS:
         v = pred_factor[k]

@@ -493,23 +493,22 @@ def check_knock_out(mean_in_path, comes_back, model):
             for p in _PATHS}
     measured = mean["query"] < _RESTART_LOSS
     if bool(comes_back) != measured:
+        numbers = (f"with the mean in layer 1's query input the loss predicting t = 11 is, on a "
+                   f"hidden batch, {mean['query']:.2f} (removed: {zero['query']:.2f}; intact "
+                   f"{intact:.2f})")
         if measured:
-            raise _Wrong(f"with the mean in layer 1's query input the loss predicting t = 11 is "
-                         f"{mean['query']:.2f} (removed: {zero['query']:.2f}; intact "
-                         f"{intact:.2f}): the guess comes back. Compare the head's distance from "
-                         "zero with its distance from its mean (section 8's table): what did "
-                         "removing it take away that the mean puts back?")
-        raise _Wrong(f"with the mean in layer 1's query input the loss predicting t = 11 is "
-                     f"{mean['query']:.2f} (removed: {zero['query']:.2f}; intact {intact:.2f}): "
-                     "the guess needs what the head writes, not only its average")
+            raise _Wrong(f"{numbers}: the guess comes back. Compare the head's distance from zero "
+                         "with its distance from its mean (section 8's table): what did removing "
+                         "it take away that the mean puts back?")
+        raise _Wrong(f"{numbers}: the guess needs what the head writes, not only its average")
     table = "; ".join(f"{p} {zero[p]:.2f} / {mean[p]:.2f}" for p in _PATHS)
     prev_keys = _repeat_loss(_ref_knock_out(model, tokens, prev, ["key"]), tokens)
-    return (f"loss predicting t = 11 with layer 0, head {other[1]} removed / replaced by its mean "
-            f"in layer 1's input: {table} (intact {intact:.2f}). The query missed the constant "
-            "part of the head's output, not what it says about a sequence: zero is an input "
-            "layer 1 never saw in training. The previous-token head is different: its mean in "
-            f"the keys leaves a repeat loss of {prev_keys:.2f}, as its letter is what the keys "
-            "need.")
+    return (f"on a hidden batch, loss predicting t = 11 with layer 0, head {other[1]} removed / "
+            f"replaced by its mean in layer 1's input: {table} (intact {intact:.2f}). The query "
+            "missed the constant part of the head's output, not what it says about a sequence: "
+            "zero is an input layer 1 never saw in training. The previous-token head is "
+            f"different: its mean in the keys leaves a repeat loss of {prev_keys:.2f}, as its "
+            "letter is what the keys need.")
 
 
 # --------------------------------------------------------------------------------------------

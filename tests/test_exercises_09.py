@@ -636,6 +636,13 @@ def test_random_sets_checker(capsys, kind, expected, phrase):
         assert out.startswith("recorded: you concluded") and "What closes the gap" in out, out
 
 
+def test_random_sets_both_names_the_layer_effect(capsys):
+    """The closing message of a right "both" does not stop at the two sets: their gap is partly a
+    difference between layers, which the random sets cannot control for."""
+    result, out = run(capsys, ex.check_random_sets, *_random_answer("ok"))
+    assert result.passed is True and "partly a layer effect" in out and "Within most layers" in out, out
+
+
 def test_random_sets_truth_is_both():
     """On 100 random sets the [CLS]-heavy set lies in the bottom fifth and the [CLS]-light set in
     the top fifth (as on the solutions' 200): the right conclusion is "both"."""
@@ -830,10 +837,11 @@ RIGHT = [0.04, 0.0001, 0.0002, 0.0001, 0.009, 0.014, 0.001]
 WRONG = [0.03, 0.0004, 0.005, 0.006, 0.002, 0.010, 0.003]
 
 
-def test_switch_prediction_unanswered_prints_nothing(capsys):
-    assert grade_switch_prediction(..., RIGHT, WRONG) is None
-    assert grade_switch_prediction(None, RIGHT, WRONG) is None
-    assert capsys.readouterr().out == ""
+@pytest.mark.parametrize("guess", [..., None])
+def test_switch_prediction_unanswered_says_not_attempted(capsys, guess):
+    result = grade_switch_prediction(guess, RIGHT, WRONG)
+    out = capsys.readouterr().out
+    assert result.passed is None and out.startswith("not attempted yet") and "pred_right_wins" in out, out
 
 
 def test_switch_prediction_right_option():

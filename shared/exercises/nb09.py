@@ -25,7 +25,6 @@ from ._core import (
     _shape,
     _softmax,
     _t,
-    _unless_unanswered,
     _Wrong,
 )
 
@@ -49,14 +48,16 @@ __all__ = [
 _SWITCH_OPTIONS = {"7 of 7": (7, 7), "5 or 6": (5, 6), "3 or 4": (3, 4), "2 or fewer": (0, 2)}
 
 
-@_unless_unanswered
 @_checker
 def grade_switch_prediction(pred_right_wins, right, wrong):
     """Section 8: ``pred_right_wins``, in how many of the 7 Winograd pairs the best right-way
     margin beats the best wrong-way one: "7 of 7", "5 or 6", "3 or 4" or "2 or fewer".
     ``right``, ``wrong``: 7 numbers each, per pair the best margin over the heads of a switch
     toward the noun each sentence means, and toward the other noun. Right when the option holds
-    the measured count."""
+    the measured count; "not attempted yet" while it is still ``...`` or None."""
+    if pred_right_wins is ... or pred_right_wins is None:
+        raise _NotAttempted("type your prediction in pred_right_wins (the cell above) and run both "
+                            "cells again; it is graded against the margins printed here")
     right, wrong = _arr(right, "right"), _arr(wrong, "wrong")
     _shape(right, (7,), "right", "one best margin per pair")
     _shape(wrong, (7,), "wrong", "one best margin per pair")
@@ -814,9 +815,11 @@ def check_random_sets(random_sets, random_changes=None, named_changes=None, my_c
     extreme = ("neither lies beyond every random set" if min(beyond) > 0 else
                "at least one lies beyond every random set")
     return (f"you concluded {truth!r}: {shown}. {beyond[0]} random sets change them less than "
-            f"the highest-[CLS] set and {beyond[1]} more than the lowest: {extreme}. Random sets "
-            "mix layers: heads compared within the same layers are the next control (the "
-            "solutions show one).")
+            f"the highest-[CLS] set and {beyond[1]} more than the lowest: {extreme}. But the gap "
+            "is partly a layer effect: the two sets come from different layers, and random sets "
+            "mix layers. Within most layers the hypothesis holds: silenced one at a time, heads "
+            "with less weight on [CLS] change the embeddings more (the solutions measure it head "
+            "by head).")
 
 
 # --------------------------------------------------------------------------------------------

@@ -32,3 +32,28 @@ def test_tiny_difference_is_not_rounded_away(capsys):
     # 0.1 + 0.2 differs from 0.3 by one unit in the last place (2**-54 * 4 = 5.55e-17)
     check("ulp", [0.1 + 0.2], [0.3])
     assert capsys.readouterr().out == "ulp: max abs diff = 5.6e-17 (< 1e-12: True)\n"
+
+
+def test_count_matmuls_counts_each_product_operator():
+    from shared.checks import count_matmuls
+
+    a, b, bias = torch.ones(4, 5), torch.ones(5, 3), torch.ones(3)
+    batched = torch.ones(2, 4, 5)
+
+    def three_products():
+        a @ b  # one mm
+        torch.addmm(bias, a, b)  # one addmm
+        torch.bmm(batched, batched.transpose(1, 2))  # one bmm
+        a @ b  # a second mm
+
+    assert count_matmuls(three_products) == {"mm": 2, "addmm": 1, "bmm": 1}
+    assert count_matmuls(torch.add, a, 1) == {"mm": 0, "addmm": 0, "bmm": 0}
+    linear = torch.nn.Linear(5, 3)  # a 2-D input with a bias: one addmm
+    assert count_matmuls(linear, a) == {"mm": 0, "addmm": 1, "bmm": 0}
+
+
+def test_count_matmuls_rejects_a_non_function():
+    from shared.checks import count_matmuls
+
+    with pytest.raises(TypeError, match="a function .or module. and its arguments.*got a Tensor"):
+        count_matmuls(torch.ones(2, 2))

@@ -329,8 +329,8 @@ def check_bug_prediction(my_prediction):
 
 
 @_checker
-def check_fixed_multi_head(multi_head_attention):
-    """``multi_head_attention(X, W_q, W_k, W_v, W_o, num_heads)`` -> ``(B, T, d_out)``: causal
+def check_fixed_multi_head(mha_fixed):
+    """``mha_fixed(X, W_q, W_k, W_v, W_o, num_heads)`` -> ``(B, T, d_out)``: causal
     multi-head attention with X ``(B, T, d_in)``, W_q and W_k ``(d_in, H * d_k)``, W_v
     ``(d_in, H * d_v)``, W_o ``(H * d_v, d_out)``; head h owns columns ``h*d_k:(h+1)*d_k``."""
     rng = _rng(401)
@@ -341,7 +341,7 @@ def check_fixed_multi_head(multi_head_attention):
         where = (f"X {(B, T, d_in)}, num_heads = {H}, d_k = {d_k}, d_v = {d_v}, "
                  f"W_o {(H * d_v, d_out)}")
         mine = [_t(a.copy()) for a in args]  # tensors handed over as they are, then inspected
-        ans = _call(multi_head_attention, *mine, H, name="multi_head_attention", copy=False,
+        ans = _call(mha_fixed, *mine, H, name="mha_fixed", copy=False,
                     on_error=f"on {where}")
         if any(not np.array_equal(m.numpy(), a) for m, a in zip(mine, args, strict=True)):
             changed = [n for n, m, a in zip(("X", "W_q", "W_k", "W_v", "W_o"), mine, args,

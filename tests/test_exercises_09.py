@@ -3,8 +3,11 @@ for the shipped stub, and rejects typical wrong answers with the hint that names
 
 from __future__ import annotations
 
+import ast
 import functools
+import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +15,8 @@ import torch
 
 from shared import exercises as ex
 from tests.checker_helpers import NA, OK, case_id, run, stub, stub_raises  # noqa: F401
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
 # 9.1 ------------------------------------------------------------------------------------------
 PARTS = {
@@ -52,6 +57,27 @@ REPLACEMENTS = [  # the notebook's tempting str.replace mapper: the shorter part
     ("embeddings.token_type_embeddings", "embeddings.segment"),
     ("embeddings.LayerNorm", "embeddings.norm"),
 ]
+
+
+def _notebook_replacements(path):
+    """The REPLACEMENTS list as a notebook defines it, read from the cell's source (not executed)."""
+    cells = json.loads(path.read_text())["cells"]
+    for cell in cells:
+        tree = ast.parse("".join(cell["source"])) if cell["cell_type"] == "code" else None
+        for node in tree.body if tree else ():
+            if isinstance(node, ast.Assign) and [t.id for t in node.targets if isinstance(t, ast.Name)] == ["REPLACEMENTS"]:
+                return [tuple(pair) for pair in ast.literal_eval(node.value)]
+    raise AssertionError(f"no REPLACEMENTS in {path}")
+
+
+@pytest.mark.parametrize("path", [NOTEBOOKS / "09_inside_a_pretrained_model.ipynb",
+                                  NOTEBOOKS / "solutions" / "09_inside_a_pretrained_model_solutions.ipynb"],
+                         ids=["notebook", "solutions"])
+def test_replacements_are_the_notebooks(path):
+    """The checker of 9.1 and these tests grade the very mapper the notebooks show: one list, no drift."""
+    from shared.exercises import nb09
+
+    assert _notebook_replacements(path) == list(nb09._REPLACEMENTS) == REPLACEMENTS
 
 
 def map_by_replace(name, replacements=REPLACEMENTS):

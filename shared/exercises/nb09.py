@@ -89,7 +89,11 @@ _REPLACEMENTS = [  # the notebook's tempting mapper: (their part, our part), app
     ("intermediate.dense", "ff_in"),
     ("output.LayerNorm", "norm2"),
     ("attention.output.LayerNorm", "norm1"),
-]
+    ("embeddings.word_embeddings", "embeddings.token"),
+    ("embeddings.position_embeddings", "embeddings.position"),
+    ("embeddings.token_type_embeddings", "embeddings.segment"),
+    ("embeddings.LayerNorm", "embeddings.norm"),
+]  # entry for entry the notebook's REPLACEMENTS (tests/test_exercises_09.py checks)
 
 
 def _by_replacing(name: str) -> str:

@@ -629,25 +629,33 @@ def test_4_1_one_head_prediction_hint_names_no_mechanism(capsys):
 # wrapper runs 5 * 12 = 60; MultiHeadAttention runs the same 5 once, plus out_proj: 6. From 1 head to
 # 48 at the same d, QK^T and weights @ V cost 2 T^2 (H d_head) = 2 T^2 d either way (x1), while the
 # weights tensor holds H T^2 numbers (x48).
-CALLS_12 = {"wrapper": 60, "MultiHeadAttention": 6}
-FACTORS_48 = {"matmul FLOPs": 1.0, "weights": 48.0}
+# by hand: per head the wrapper runs 3 projections + 2 attention products (5H); MultiHeadAttention
+# runs those 5 once plus out_proj (6); at d = 768, T = 1024, B = 1: projections 8Td^2, QK^T and
+# weights @ V 4T^2 d whatever H; the weights hold H T^2 numbers
+CALLS = {1: {"wrapper": {"mm": 3, "addmm": 0, "bmm": 2}, "MultiHeadAttention": {"mm": 3, "addmm": 1, "bmm": 2}},
+         2: {"wrapper": 10, "MultiHeadAttention": 6}, 12: {"wrapper": 60, "MultiHeadAttention": 6}}
+FLOPS = {n: {"projections": 8 * 1024 * 768**2, "matmul FLOPs": 4 * 1024**2 * 768, "weights": n * 1024**2}
+         for n in (1, 12, 48)}
 
 
 @pytest.mark.parametrize("checker, args, unanswered", [
-    (nb04.grade_matmul_prediction, (CALLS_12,), ...),
-    (nb04.grade_matmul_prediction, (CALLS_12,), {"wrapper": ..., "MultiHeadAttention": ...}),
-    (nb04.grade_flop_prediction, (FACTORS_48,), {"matmul FLOPs": ..., "weights": ...}),
-    (nb04.grade_flop_prediction, (FACTORS_48,), None),
+    (nb04.grade_matmul_prediction, (CALLS,), ...),
+    (nb04.grade_matmul_prediction, (CALLS,), {"wrapper": ..., "MultiHeadAttention": ...}),
+    (nb04.grade_flop_prediction, (FLOPS,), {"matmul FLOPs": ..., "weights": ...}),
+    (nb04.grade_flop_prediction, (FLOPS,), None),
 ])
 def test_section_predictions_say_not_attempted_until_typed(capsys, checker, args, unanswered):
     result = checker(unanswered, *args)
     out = capsys.readouterr().out
     assert result.passed is None and out.startswith("not attempted yet") and "to have them graded" in out, out
+    assert "counted" not in out and "H = " not in out and "60" not in out and "48" not in out, out  # nothing shown
 
 
 @pytest.mark.parametrize("prediction, passed, phrase", [
-    ({"wrapper": 60, "MultiHeadAttention": 6}, True, "counted: wrapper 60, MultiHeadAttention 6 too"),
-    ({"wrapper": 60.0, "MultiHeadAttention": np.int64(6)}, True, "too"),
+    ({"wrapper": 60, "MultiHeadAttention": 6}, True,
+     "counted: H = 1: wrapper 5, MultiHeadAttention 6; H = 2: wrapper 10, MultiHeadAttention 6; "
+     "H = 12: wrapper 60, MultiHeadAttention 6. Per head"),
+    ({"wrapper": 60.0, "MultiHeadAttention": np.int64(6)}, True, "6 for any H"),
     ({"wrapper": 60, "MultiHeadAttention": ...}, None, "'MultiHeadAttention' in pred_calls too"),
     ({"wrapper": 5, "MultiHeadAttention": 6}, False, "your count is one head's"),
     ({"wrapper": 36, "MultiHeadAttention": 6}, False, "a multiple of the number of heads"),
@@ -658,16 +666,19 @@ def test_section_predictions_say_not_attempted_until_typed(capsys, checker, args
     ({"wrapper": 60}, False, "must be a dict with the keys"),
 ])
 def test_matmul_prediction(capsys, prediction, passed, phrase):
-    result = nb04.grade_matmul_prediction(prediction, CALLS_12)
+    result = nb04.grade_matmul_prediction(prediction, CALLS)
     out = capsys.readouterr().out
     assert result.passed is passed and phrase in out, out
     if passed is False:
-        assert "counted: wrapper 60, MultiHeadAttention 6" in out or "dict" in out or "string" in out, out
+        assert "H = 12: wrapper 60, MultiHeadAttention 6" in out or "dict" in out or "string" in out, out
+        assert "5H calls" not in out, out  # the explanation comes with the right answer only
+    if passed is None:
+        assert "counted" not in out, out
 
 
 @pytest.mark.parametrize("prediction, passed, phrase", [
-    ({"matmul FLOPs": 1, "weights": 48}, True, "counted: matmul FLOPs x1, weights x48 too"),
-    ({"matmul FLOPs": 1.05, "weights": torch.tensor(46.0)}, True, "too"),
+    ({"matmul FLOPs": 1, "weights": 48}, True, "weights 4.2 / 50.3 / 201.3 MB in float32; factors matmul FLOPs x1, weights x48. The projections"),
+    ({"matmul FLOPs": 1.05, "weights": torch.tensor(46.0)}, True, "QK^T and weights @ V 3,221,225,472 / 3,221,225,472"),
     ({"matmul FLOPs": 48, "weights": 48}, False, "H d_head = d whatever H"),
     ({"matmul FLOPs": 1 / 48, "weights": 48}, False, "H d_head = d whatever H"),
     ({"matmul FLOPs": 1, "weights": 1}, False, "every head has its own (T, T) weights"),
@@ -677,9 +688,13 @@ def test_matmul_prediction(capsys, prediction, passed, phrase):
     ({"matmul FLOPs": True, "weights": 48}, False, "must be a positive number"),
 ])
 def test_flop_prediction(capsys, prediction, passed, phrase):
-    result = nb04.grade_flop_prediction(prediction, FACTORS_48)
+    result = nb04.grade_flop_prediction(prediction, FLOPS)
     out = capsys.readouterr().out
     assert result.passed is passed and phrase in out, out
+    if passed is False and "positive" not in out:
+        assert "factors matmul FLOPs x1, weights x48" in out and "What grows" not in out, out
+    if passed is None:
+        assert "counted" not in out, out
 
 
 def test_section_predictions_are_not_exercise_checkers():

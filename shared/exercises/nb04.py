@@ -24,8 +24,9 @@ against. Answers computed in float32 are accepted (the tolerances are float32's)
 
 Two predictions inside the sections are graded too (not exercises, not in ``__all__``):
 ``grade_matmul_prediction`` (section 2, matrix products per forward pass with 12 heads) and
-``grade_flop_prediction`` (section 6, what grows from 1 head to 48). Both print nothing while the
-prediction is still ``...``.
+``grade_flop_prediction`` (section 6, what grows from 1 head to 48). The notebook hands each the
+measurement; they say "not attempted yet" and show none of it while the prediction is still
+``...``, then the counts (and, when right, why).
 """
 
 from __future__ import annotations
@@ -107,16 +108,25 @@ def _typed(prediction: dict, keys: tuple, name: str, what: str):
 _CALL_KEYS = ("wrapper", "MultiHeadAttention")
 
 
+def _calls(count) -> int:
+    """One version's number of matrix products: an int, or a dict of counts by operator name."""
+    return int(sum(count.values())) if isinstance(count, dict) else int(count)
+
+
 @_checker
-def grade_matmul_prediction(pred_calls, measured):
+def grade_matmul_prediction(pred_calls, counted):
     """Section 2: ``pred_calls``, ``{"wrapper": n, "MultiHeadAttention": m}``, the predicted
     numbers of matrix products (``mm``, ``addmm``, ``bmm``) in one forward pass with 12 heads;
-    ``measured``, the same dict as counted by the profiler."""
+    ``counted``, ``{H: {"wrapper": calls, "MultiHeadAttention": calls}}`` as the profiler counted
+    them (``calls`` an int or a dict of counts by operator), with 12 among the ``H``. The counts
+    are shown only once both predictions are typed."""
     _typed(pred_calls, _CALL_KEYS, "pred_calls", "two whole numbers")
     guess = {k: _whole_number(pred_calls[k], f"pred_calls[{k!r}]") for k in _CALL_KEYS}
-    truth = {k: int(measured[k]) for k in _CALL_KEYS}
+    totals = {n: {k: _calls(counted[n][k]) for k in _CALL_KEYS} for n in sorted(counted)}
+    truth = totals[12]
     said = "you predicted " + ", ".join(f"{k} {guess[k]}" for k in _CALL_KEYS)
-    shown = "counted: " + ", ".join(f"{k} {truth[k]}" for k in _CALL_KEYS)
+    shown = "counted: " + "; ".join(f"H = {n}: wrapper {t['wrapper']}, MultiHeadAttention "
+                                    f"{t['MultiHeadAttention']}" for n, t in totals.items())
     notes = []
     if guess["wrapper"] != truth["wrapper"]:
         notes.append("the wrapper's loop runs every head's own projections and attention "
@@ -134,18 +144,23 @@ def grade_matmul_prediction(pred_calls, measured):
                      "and out_proj")
     if notes:
         raise _Wrong(f"{said}; {shown}: " + "; ".join(notes))
-    return f"{said}; {shown} too"
+    return (f"{said}; {shown}. Per head the wrapper runs three projections (mm) and two "
+            "attention products (bmm): 5H calls. MultiHeadAttention runs those five once for all "
+            "heads, plus out_proj (an addmm: a product plus its bias), which the wrapper lacks: 6 "
+            "for any H.")
 
 
 _FACTOR_KEYS = ("matmul FLOPs", "weights")
 
 
 @_checker
-def grade_flop_prediction(pred_factor, measured):
+def grade_flop_prediction(pred_factor, counted):
     """Section 6: ``pred_factor``, ``{"matmul FLOPs": a, "weights": b}``, the predicted factors
     by which the FLOPs of ``QK^T`` and ``weights @ V`` and the size of the ``(B, H, T, T)``
-    weights grow from 1 head to 48 at the same ``d``; ``measured``, the same dict as counted. A
-    factor within 10 % (by ratio) is right."""
+    weights grow from the fewest heads counted to the most (1 to 48) at the same ``d``;
+    ``counted``, ``{H: {"projections": FLOPs, "matmul FLOPs": FLOPs, "weights": numbers}}``. A
+    factor within 10 % (by ratio) is right. The counts are shown only once both are typed; the
+    weights' megabytes are those of float32 (4 bytes a number)."""
     _typed(pred_factor, _FACTOR_KEYS, "pred_factor", "two factors")
     guess = {}
     for k in _FACTOR_KEYS:
@@ -156,18 +171,31 @@ def grade_flop_prediction(pred_factor, measured):
             raise _Wrong(f"pred_factor[{k!r}] must be a positive number (e.g. 2 for twice as "
                          f"many); got {v!r}")
         guess[k] = float(v)
-    truth = {k: float(measured[k]) for k in _FACTOR_KEYS}
+    few, many = min(counted), max(counted)
+    truth = {k: float(counted[many][k]) / float(counted[few][k]) for k in _FACTOR_KEYS}
+    heads = sorted(counted)
     said = ", ".join(f"{k} x{guess[k]:g}" for k in _FACTOR_KEYS)
-    shown = ", ".join(f"{k} x{truth[k]:g}" for k in _FACTOR_KEYS)
+    def each(fmt):  # one value per number of heads, " / " between them
+        return " / ".join(fmt(counted[n]) for n in heads)
+
+    shown = (f"counted, H = {', '.join(map(str, heads))}: projections "
+             + each(lambda c: f"{int(c['projections']):,}") + " FLOPs; QK^T and weights @ V "
+             + each(lambda c: f"{int(c['matmul FLOPs']):,}") + " FLOPs; weights "
+             + each(lambda c: f"{4 * c['weights'] / 1e6:.1f}") + " MB in float32; factors "
+             + ", ".join(f"{k} x{truth[k]:g}" for k in _FACTOR_KEYS))
     off = [k for k in _FACTOR_KEYS if abs(math.log(guess[k] / truth[k])) > math.log(1.1)]
     if not off:
-        return f"you predicted {said}; counted: {shown} too"
+        return (f"you predicted {said}; {shown}. The projections cost 4 * 2BTd^2 whatever H; "
+                "H heads' scores cost 2BHT^2 d_head = 2BT^2 d, and so do the products with V. "
+                "What grows is the weights tensor, B * H * T * T numbers, with its scaling, mask "
+                "and softmax (elementwise work, not counted here); notebook 05 shows how fused "
+                "kernels avoid storing it.")
     notes = {
         "matmul FLOPs": "48 heads each work on d_head = d / 48 features: per head 2 T^2 d_head, "
                         "and H d_head = d whatever H",
         "weights": "every head has its own (T, T) weights: the tensor holds B * H * T * T numbers",
     }
-    raise _Wrong(f"you predicted {said}; counted: {shown}: " + "; ".join(notes[k] for k in off))
+    raise _Wrong(f"you predicted {said}; {shown}: " + "; ".join(notes[k] for k in off))
 
 
 # --------------------------------------------------------------------------------------------

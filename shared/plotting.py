@@ -497,7 +497,8 @@ def label_points(ax, xs, ys, labels, colors, fontsize: float = 8, shared_x: str 
                            key=lambda j: (-ys[j], j))
             lines_above = sum(labels[j].count("\n") + 1 for j in above)
             anchor, ring = (x, max(twins)[0] if above else y), bool(above)
-            dx, dy, ha, va = -11, -3 - 1.25 * fontsize * lines_above, "right", "top"
+            # clear of the ring (13 pt) round a lower dot of the group
+            dx, dy, ha, va = -16, -6 - 1.25 * fontsize * lines_above, "right", "top"
         elif twins and (y, -k) > max(twins):  # the highest dot sharing this x: label on the left
             dx, dy, ha, va = -9, -3, "right", "top"
         else:  # a dot alone, or a lower one of a shared x (label further down, clear of the rest)

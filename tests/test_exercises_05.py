@@ -289,6 +289,11 @@ def blocks_floor(sram_kib, head_dim, dtype):
     return min(B_c, head_dim), B_c
 
 
+def blocks_round(sram_kib, head_dim, dtype):  # round() goes down in some cases, up in others
+    B_c = round(sram_kib * 1024 / dtype.itemsize / (4 * head_dim))
+    return min(B_c, head_dim), B_c
+
+
 def blocks_kilo(sram_kib, head_dim, dtype):
     B_c = math.ceil(sram_kib * 1000 // dtype.itemsize / (4 * head_dim))
     return min(B_c, head_dim), B_c
@@ -508,7 +513,8 @@ CASES = [
     (C.check_flash_block_sizes, stub, None, NA),
     (C.check_flash_block_sizes, blocks_bytes, False, "not bytes"),
     (C.check_flash_block_sizes, blocks_four_bytes, False, "you used 4 for every dtype"),
-    (C.check_flash_block_sizes, blocks_floor, False, "round up"),
+    (C.check_flash_block_sizes, blocks_floor, False, "rounds up: B_c = ceil(M / 4d)"),
+    (C.check_flash_block_sizes, blocks_round, False, "for 99 KiB, head_dim 80, torch.float16: Algorithm 1 rounds up"),
     (C.check_flash_block_sizes, blocks_kilo, False, "1024 bytes, not 1000"),
     (C.check_flash_block_sizes, blocks_no_cap, False, "B_r = min(B_c, d)"),
     (C.check_flash_block_sizes, blocks_swapped, False, "the query block first"),
@@ -527,7 +533,7 @@ CASES = [
     (C.check_largest_head_dim, head_sqrt, False, "more than M = 116,224"),
     (C.check_largest_head_dim, head_as_float, False, "whole number"),
     # 5.5
-    (C.check_halving_prediction, HALVING_OK, True, "query block and the accumulator (2 b d)"),
+    (C.check_halving_prediction, HALVING_OK, True, "at b = 2d = 128 they weigh as much as the score tile"),
     (C.check_halving_prediction, HALVING_MEASURED, True, OK),
     (C.check_halving_prediction, None, None, NA),
     (C.check_halving_prediction, HALVING_INVERTED, False, "upside down"),

@@ -315,6 +315,7 @@ def test_label_points_stacks_labels_of_a_shared_x_in_one_column():
     assert alone.get_ha() == "left" and alone.xyann[0] > 0  # a dot alone: unchanged, to the right
     assert all(t.get_ha() == "right" and t.xyann[0] < 0 for t in (low, high, mid))  # one column, left
     assert high.xy == mid.xy == low.xy == (5, 3)  # all hang from the highest dot of the group
+    assert high.xyann[0] <= -15 and high.xyann[1] <= -5  # clear of a 13 pt ring round a dot at that height
     # highest first; each label starts one line (1.25 x 8 pt) below the lines above it: 2, then 3
     assert high.xyann[1] - mid.xyann[1] == pytest.approx(2 * 10) and mid.xyann[1] - low.xyann[1] == pytest.approx(10)
     rings = [line for line in ax.get_lines() if line.get_markerfacecolor() == "none"]

@@ -463,6 +463,9 @@ _BLOCK_CASES = (  # (sram_kib, head_dim, dtype): M / (4 d) is not a whole number
 )
 
 
+_ROUND_UP = "Algorithm 1 rounds up: B_c = ceil(M / 4d), not down"
+
+
 def _flash_blocks(kib, d, e, kib_bytes=1024, rnd=math.ceil, four=4):
     M = kib * kib_bytes // e  # SRAM size in elements
     B_c = rnd(M / (four * d))
@@ -488,15 +491,15 @@ def check_flash_block_sizes(flash_block_sizes):
         parts.append((kib, d, e))
     if got == refs:
         return ("B_c from the SRAM and head_dim alone: batch and heads set how many thread "
-                "blocks run, not their size, so B and H never enter.")
+                "blocks run, not their size, so B and H never enter. Rounding up, the four "
+                "blocks overfill M by under 4d elements.")
     patterns = (
         ("M counts elements of the dtype, not bytes: divide the SRAM's bytes by the bytes per "
          "element", lambda kib, d, e: _flash_blocks(kib, d, 1)),
         ("the bytes per element depend on the dtype (float16/bfloat16: 2, float32: 4): you "
          "used 4 for every dtype", lambda kib, d, e: _flash_blocks(kib, d, 4)),
         ("1 KiB is 1024 bytes, not 1000", lambda kib, d, e: _flash_blocks(kib, d, e, 1000)),
-        ("B_c is the smallest block whose four tiles fill the SRAM: round up (math.ceil), "
-         "not down", lambda kib, d, e: _flash_blocks(kib, d, e, rnd=math.floor)),
+        (_ROUND_UP, lambda kib, d, e: _flash_blocks(kib, d, e, rnd=math.floor)),
         ("four blocks share the SRAM, Q_i, O_i, K_j and V_j, each B_c x d: you gave all of it "
          "to one block", lambda kib, d, e: _flash_blocks(kib, d, e, four=1)),
         ("Q_i and O_i sit in the SRAM too: four blocks of B_c x d share it, not only K_j and "
@@ -512,6 +515,8 @@ def check_flash_block_sizes(flash_block_sizes):
             raise _Wrong(hint)
     i = next(i for i, (g, r) in enumerate(zip(got, refs, strict=True)) if g != r)
     kib, d, dtype = _BLOCK_CASES[i]
+    if got[i] == _flash_blocks(*parts[i], rnd=math.floor):  # rounded down here (round(), int())
+        raise _Wrong(f"for {kib} KiB, head_dim {d}, {dtype}: {_ROUND_UP}")
     raise _Wrong(f"for {kib} KiB of SRAM, head_dim {d}, {dtype}: expected (B_r, B_c) = "
                  f"{refs[i]}; got {tuple(int(x) if x == int(x) else x for x in got[i])}")
 
@@ -649,9 +654,9 @@ def check_halving_prediction(halving_prediction):
                          "size, so their number follows the number of tiles")
         raise _Wrong("operations: count the tiles, ceil(T / b)^2, at both block sizes")
     if near(mem, ref_mem):
-        return ("the overhead quadruples while the memory falls by less than 3x: at b = d the "
-                "query block and the accumulator (2 b d) weigh as much as the score tile (b^2), "
-                "and they shrink only by half. Now measure both.")
+        return ("the overhead quadruples while the memory falls by less than 3x: the query "
+                "block and the accumulator (2 b d) shrink only by half, and at b = 2d = 128 they "
+                "weigh as much as the score tile (b^2). Now measure both.")
     if near(mem, 0.25):
         raise _Wrong("memory: only the score tile shrinks like b^2; the scaled query block and "
                      "the accumulator (b x d each, d = 64) shrink like b, and at b = 128 they "

@@ -25,8 +25,8 @@ against. Answers computed in float32 are accepted (the tolerances are float32's)
 Two predictions inside the sections are graded too (not exercises, not in ``__all__``):
 ``grade_matmul_prediction`` (section 2, matrix products per forward pass with 12 heads) and
 ``grade_flop_prediction`` (section 6, what grows from 1 head to 48). The notebook hands each the
-measurement; they say "not attempted yet" and show none of it while the prediction is still
-``...``, then the counts (and, when right, why).
+measurement; they say "not attempted yet" while the prediction is still ``...``, then grade it
+(a hint names the mistake). The notebook prints the counts in the cell after the grader.
 """
 
 from __future__ import annotations
@@ -118,22 +118,22 @@ def grade_matmul_prediction(pred_calls, counted):
     """Section 2: ``pred_calls``, ``{"wrapper": n, "MultiHeadAttention": m}``, the predicted
     numbers of matrix products (``mm``, ``addmm``, ``bmm``) in one forward pass with 12 heads;
     ``counted``, ``{H: {"wrapper": calls, "MultiHeadAttention": calls}}`` as the profiler counted
-    them (``calls`` an int or a dict of counts by operator), with 12 among the ``H``. The counts
-    are shown only once both predictions are typed."""
+    them (``calls`` an int or a dict of counts by operator), with 12 among the ``H``. Only grades:
+    the notebook prints the counts in the next cell."""
     _typed(pred_calls, _CALL_KEYS, "pred_calls", "two whole numbers")
     guess = {k: _whole_number(pred_calls[k], f"pred_calls[{k!r}]") for k in _CALL_KEYS}
     totals = {n: {k: _calls(counted[n][k]) for k in _CALL_KEYS} for n in sorted(counted)}
     truth = totals[12]
     said = "you predicted " + ", ".join(f"{k} {guess[k]}" for k in _CALL_KEYS)
-    shown = "counted: " + "; ".join(f"H = {n}: wrapper {t['wrapper']}, MultiHeadAttention "
-                                    f"{t['MultiHeadAttention']}" for n, t in totals.items())
     notes = []
     if guess["wrapper"] != truth["wrapper"]:
-        notes.append("the wrapper's loop runs every head's own projections and attention "
-                     "products, so its count is a multiple of the number of heads"
-                     if guess["wrapper"] * 12 != truth["wrapper"] else
-                     "the wrapper's loop runs each of the 12 heads in turn: your count is one "
-                     "head's")
+        g = guess["wrapper"]
+        notes.append("the wrapper's loop runs each of the 12 heads in turn: your count is one "
+                     "head's" if g * 12 == truth["wrapper"] else
+                     "count one head's products again: 5 per head, 3 projections + 2 attention "
+                     "products" if g > 0 and g % 12 == 0 else
+                     "the wrapper's loop runs every head's own projections and attention "
+                     "products, so its count is a multiple of the number of heads")
     if guess["MultiHeadAttention"] != truth["MultiHeadAttention"]:
         m, t = guess["MultiHeadAttention"], truth["MultiHeadAttention"]
         notes.append("MultiHeadAttention runs each product once for all heads together: its "
@@ -143,11 +143,8 @@ def grade_matmul_prediction(pred_calls, counted):
                      "count MultiHeadAttention's products: three projections, QK^T, weights @ V "
                      "and out_proj")
     if notes:
-        raise _Wrong(f"{said}; {shown}: " + "; ".join(notes))
-    return (f"{said}; {shown}. Per head the wrapper runs three projections (mm) and two "
-            "attention products (bmm): 5H calls. MultiHeadAttention runs those five once for all "
-            "heads, plus out_proj (an addmm: a product plus its bias), which the wrapper lacks: 6 "
-            "for any H.")
+        raise _Wrong(f"{said}: " + "; ".join(notes) + ". The counts are in the next cell.")
+    return f"{said}: both right. The counts are in the next cell."
 
 
 _FACTOR_KEYS = ("matmul FLOPs", "weights")
@@ -159,8 +156,8 @@ def grade_flop_prediction(pred_factor, counted):
     by which the FLOPs of ``QK^T`` and ``weights @ V`` and the size of the ``(B, H, T, T)``
     weights grow from the fewest heads counted to the most (1 to 48) at the same ``d``;
     ``counted``, ``{H: {"projections": FLOPs, "matmul FLOPs": FLOPs, "weights": numbers}}``. A
-    factor within 10 % (by ratio) is right. The counts are shown only once both are typed; the
-    weights' megabytes are those of float32 (4 bytes a number)."""
+    factor within 10 % (by ratio) is right. Only grades: the notebook prints the counts in the
+    next cell."""
     _typed(pred_factor, _FACTOR_KEYS, "pred_factor", "two factors")
     guess = {}
     for k in _FACTOR_KEYS:
@@ -173,29 +170,17 @@ def grade_flop_prediction(pred_factor, counted):
         guess[k] = float(v)
     few, many = min(counted), max(counted)
     truth = {k: float(counted[many][k]) / float(counted[few][k]) for k in _FACTOR_KEYS}
-    heads = sorted(counted)
-    said = ", ".join(f"{k} x{guess[k]:g}" for k in _FACTOR_KEYS)
-    def each(fmt):  # one value per number of heads, " / " between them
-        return " / ".join(fmt(counted[n]) for n in heads)
-
-    shown = (f"counted, H = {', '.join(map(str, heads))}: projections "
-             + each(lambda c: f"{int(c['projections']):,}") + " FLOPs; QK^T and weights @ V "
-             + each(lambda c: f"{int(c['matmul FLOPs']):,}") + " FLOPs; weights "
-             + each(lambda c: f"{4 * c['weights'] / 1e6:.1f}") + " MB in float32; factors "
-             + ", ".join(f"{k} x{truth[k]:g}" for k in _FACTOR_KEYS))
+    said = "you predicted " + ", ".join(f"{k} x{guess[k]:g}" for k in _FACTOR_KEYS)
     off = [k for k in _FACTOR_KEYS if abs(math.log(guess[k] / truth[k])) > math.log(1.1)]
     if not off:
-        return (f"you predicted {said}; {shown}. The projections cost 4 * 2BTd^2 whatever H; "
-                "H heads' scores cost 2BHT^2 d_head = 2BT^2 d, and so do the products with V. "
-                "What grows is the weights tensor, B * H * T * T numbers, with its scaling, mask "
-                "and softmax (elementwise work, not counted here); notebook 05 shows how fused "
-                "kernels avoid storing it.")
+        return f"{said}: both right. The counts are in the next cell."
     notes = {
         "matmul FLOPs": "48 heads each work on d_head = d / 48 features: per head 2 T^2 d_head, "
                         "and H d_head = d whatever H",
         "weights": "every head has its own (T, T) weights: the tensor holds B * H * T * T numbers",
     }
-    raise _Wrong(f"you predicted {said}; {shown}: " + "; ".join(notes[k] for k in off))
+    raise _Wrong(f"{said}: " + "; ".join(notes[k] for k in off)
+                 + ". The counts are in the next cell.")
 
 
 # --------------------------------------------------------------------------------------------

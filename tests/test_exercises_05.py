@@ -445,8 +445,12 @@ CASES = [
     (C.check_buggy_timing_prediction, 0.0064, True, OK),
     (C.check_buggy_timing_prediction, None, None, NA),
     (C.check_buggy_timing_prediction, 2, False, "never reaches the clock"),
-    (C.check_buggy_timing_prediction, 7.4, False, "never reaches the clock"),  # (50 + 12 * 2) / 10
     (C.check_buggy_timing_prediction, 6.5, False, "microseconds"),
+    (C.check_buggy_timing_prediction, 6.51, False, "microseconds"),
+    (C.check_buggy_timing_prediction, 6.8, False, "slow first call"),  # (50 + 9 * 2) / 10: no warm-up
+    (C.check_buggy_timing_prediction, 6.801, False, "slow first call"),  # section 3's printed line
+    (C.check_buggy_timing_prediction, 7.4, False, "slow first call"),  # (50 + 12 * 2) / 10
+    (C.check_buggy_timing_prediction, 74 / 13, False, "slow first call"),
     (C.check_buggy_timing_prediction, 0.005, False, "what it divides by"),
     (C.check_buggy_timing_prediction, 0.05, False, "count the launches"),
     (C.check_buggy_timing_prediction, "0.0065", False, "not a string"),

@@ -858,36 +858,42 @@ def test_mixed_heads_stub_is_not_attempted(capsys):
 # Section 8: the graded prediction (right-way vs wrong-way switches) ---------------------------
 from shared.exercises.nb09 import grade_switch_prediction  # noqa: E402
 
-# hand-made margins: the right way wins in pairs 0, 4 and 5 only (3 of 7)
-RIGHT = [0.04, 0.0001, 0.0002, 0.0001, 0.009, 0.014, 0.001]
-WRONG = [0.03, 0.0004, 0.005, 0.006, 0.002, 0.010, 0.003]
+# hand-made margins: the right way wins pairs 4, 5 and 6, the wrong way pairs 0, 2 and 3; pair 1
+# has both margins below 0.001 (no switch): counted as a wrong-way win it would tip the balance
+RIGHT = [0.04, 0.0001, 0.0002, 0.0001, 0.009, 0.014, 0.006]
+WRONG = [0.05, 0.0004, 0.005, 0.006, 0.002, 0.010, 0.003]
 
 
 @pytest.mark.parametrize("guess", [..., None])
 def test_switch_prediction_unanswered_says_not_attempted(capsys, guess):
     result = grade_switch_prediction(guess, RIGHT, WRONG)
     out = capsys.readouterr().out
-    assert result.passed is None and out.startswith("not attempted yet") and "pred_right_wins" in out, out
+    assert result.passed is None and out.startswith("not attempted yet") and "pred_which_way" in out, out
 
 
-def test_switch_prediction_right_option():
-    result = grade_switch_prediction("3 or 4", RIGHT, WRONG)
-    assert result.passed is True and "3 of 7" in result.message
+def test_switch_prediction_right_option_counts_the_tie_as_no_switch():
+    result = grade_switch_prediction("as often each way", RIGHT, WRONG)
+    assert result.passed is True
+    assert "right way wins 3 pairs, the wrong way 3, no switch 1" in result.message
 
 
-@pytest.mark.parametrize("guess", ["7 of 7", "5 or 6", "2 or fewer"])
+@pytest.mark.parametrize("guess", ["right way more often", "wrong way more often"])
 def test_switch_prediction_wrong_option_names_the_chance_level(guess):
     result = grade_switch_prediction(guess, RIGHT, WRONG)
     assert result.passed is False
-    assert "3 of 7" in result.message and "about half" in result.message
+    assert "wins 3 pairs" in result.message and "about as often" in result.message
 
 
 def test_switch_prediction_counts_from_the_margins():
-    assert grade_switch_prediction("7 of 7", [1.0] * 7, [0.0] * 7).passed is True
-    assert grade_switch_prediction("2 or fewer", [0.0] * 7, [1.0] * 7).passed is True
+    assert grade_switch_prediction("right way more often", [1.0] * 7, [0.0] * 7).passed is True
+    assert grade_switch_prediction("wrong way more often", [0.0] * 7, [1.0] * 7).passed is True
+    # the tie pair counted as a wrong-way win would make this "wrong way more often"
+    assert grade_switch_prediction("wrong way more often", RIGHT, WRONG).passed is False
+    # every pair below 0.001 both ways: no switch anywhere, as often each way (0 and 0)
+    assert grade_switch_prediction("as often each way", [0.0005] * 7, [0.0002] * 7).passed is True
 
 
-@pytest.mark.parametrize("guess", [3, "half", ["3 or 4"]])
+@pytest.mark.parametrize("guess", [3, "half", ["as often each way"], "3 or 4"])
 def test_switch_prediction_malformed_guess(guess):
     result = grade_switch_prediction(guess, RIGHT, WRONG)
-    assert result.passed is False and "pred_right_wins must be one of" in result.message
+    assert result.passed is False and "pred_which_way must be one of" in result.message

@@ -45,31 +45,35 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 # Section 8: a prediction typed in the teaching cell (not an exercise: not in __all__)
 # --------------------------------------------------------------------------------------------
-_SWITCH_OPTIONS = {"7 of 7": (7, 7), "5 or 6": (5, 6), "3 or 4": (3, 4), "2 or fewer": (0, 2)}
+_SWITCH_OPTIONS = ("right way more often", "as often each way", "wrong way more often")
+_NO_SWITCH = 1e-3  # a pair whose two best margins are both below this has no switch
 
 
 @_checker
-def grade_switch_prediction(pred_right_wins, right, wrong):
-    """Section 8: ``pred_right_wins``, in how many of the 7 Winograd pairs the best right-way
-    margin beats the best wrong-way one: "7 of 7", "5 or 6", "3 or 4" or "2 or fewer".
-    ``right``, ``wrong``: 7 numbers each, per pair the best margin over the heads of a switch
-    toward the noun each sentence means, and toward the other noun. Right when the option holds
-    the measured count; "not attempted yet" while it is still ``...`` or None."""
-    if pred_right_wins is ... or pred_right_wins is None:
-        raise _NotAttempted("type your prediction in pred_right_wins (the cell above) and run both "
+def grade_switch_prediction(pred_which_way, right, wrong):
+    """Section 8: ``pred_which_way``, whether over the 7 Winograd pairs the best right-way margin
+    beats the best wrong-way one in more pairs than the reverse: "right way more often", "as often
+    each way" or "wrong way more often". A pair whose two best margins are both below 0.001 counts
+    for neither. ``right``, ``wrong``: 7 numbers each, per pair the best margin over the heads of a
+    switch toward the noun each sentence means, and toward the other noun. "not attempted yet"
+    while the prediction is still ``...`` or None."""
+    if pred_which_way is ... or pred_which_way is None:
+        raise _NotAttempted("type your prediction in pred_which_way (the cell above) and run both "
                             "cells again; it is graded against the margins printed here")
     right, wrong = _arr(right, "right"), _arr(wrong, "wrong")
     _shape(right, (7,), "right", "one best margin per pair")
     _shape(wrong, (7,), "wrong", "one best margin per pair")
-    if not isinstance(pred_right_wins, str) or pred_right_wins not in _SWITCH_OPTIONS:
-        raise _Wrong(f"pred_right_wins must be one of {', '.join(map(repr, _SWITCH_OPTIONS))}; "
-                     f"got {pred_right_wins!r}")
-    wins = int((right > wrong).sum())
-    low, high = _SWITCH_OPTIONS[pred_right_wins]
-    said = f"you predicted {pred_right_wins}; measured: the right way wins in {wins} of 7 pairs"
-    if not low <= wins <= high:
-        raise _Wrong(f"{said}. If no head tracked the referent, a switch would go either way and "
-                     "each column would win about half the pairs: compare your guess with that")
+    if not isinstance(pred_which_way, str) or pred_which_way not in _SWITCH_OPTIONS:
+        raise _Wrong(f"pred_which_way must be one of {', '.join(map(repr, _SWITCH_OPTIONS))}; "
+                     f"got {pred_which_way!r}")
+    switch = np.maximum(right, wrong) >= _NO_SWITCH
+    wins, losses = int((switch & (right > wrong)).sum()), int((switch & (right <= wrong)).sum())
+    truth = _SWITCH_OPTIONS[0 if wins > losses else 1 if wins == losses else 2]
+    said = (f"you predicted {pred_which_way!r}; measured: the right way wins {wins} pairs, the "
+            f"wrong way {losses}, no switch {7 - wins - losses}")
+    if pred_which_way != truth:
+        raise _Wrong(f"{said}. If no head tracked the referent, a switch would go either way, "
+                     "each way about as often: compare your guess with that")
     return said + ", as you said"
 
 
@@ -983,8 +987,8 @@ def check_weights_values_split(split, mixed_heads_at_it=None):
     m = _split_measurements()
     right = np.array(m["right"]["vector"])
     if _close(got, right, atol=1e-3):
-        return (f"weights alone {right[0]:.3f}, values alone {right[1]:.3f}, both "
-                f"{m['both'][0]:.3f}: the change travels in the value vectors; the weights of "
+        return (f"weights alone {right[0]:.2f}, values alone {right[1]:.2f}, both "
+                f"{m['both'][0]:.2f}: the change travels in the value vectors; the weights of "
                 "these heads carry almost none of it.")
     _diagnose(got, [
         ("the two are swapped: 'weights' is the run with the wide run's weights and the tired "

@@ -165,9 +165,13 @@ def test_band_mask_hints(capsys, band, hint):
 
 
 # 3.1 (b) --------------------------------------------------------------------------------------
-def pairs_by_counting(T, window):  # build the band and count its True entries
+def pairs_by_mask(T, window):  # build the band and count its True entries
     i = torch.arange(T)
     return int(((i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - window)).sum())
+
+
+def pairs_by_counting(T, window):  # query i sees keys max(0, i - window + 1) .. i
+    return sum(i - max(0, i - window + 1) + 1 for i in range(T))
 
 
 def pairs_closed_form(T, window):  # the first w - 1 queries see 1, 2, .., w - 1 keys
@@ -203,6 +207,12 @@ def test_window_pairs_hints(capsys, answer, hint):
     assert result.passed is False and hint in out, out
 
 
+def test_window_pairs_building_the_mask_is_told_to_count_instead(capsys):
+    result = ex.check_window_pairs(pairs_by_mask)  # right on small T, 10^12 entries at T = 10^6
+    out = capsys.readouterr().out
+    assert result.passed is False and "does not fit in memory" in out, out
+
+
 def test_window_pairs_mistakes_are_told_apart_on_the_hidden_cases():
     right = [pairs_by_counting(T, w) for T, w in nb03._PAIRS_CASES]
     columns = list(zip(*(nb03._pairs_candidates(T, w) for T, w in nb03._PAIRS_CASES), strict=True))
@@ -215,7 +225,7 @@ def test_window_pairs_mistakes_are_told_apart_on_the_hidden_cases():
 
 def test_window_pairs_counts_the_module_mask():  # the reference against the notebook's buffer
     for T, w in ((6, 3), (4, 6), (9, 1)):
-        assert nb03._pairs(T, w) == int(Window(3, 2, T, w).mask.sum())
+        assert nb03._pairs(T, w) == int(Window(3, 2, T, w).mask.sum()) == pairs_by_mask(T, w)
 
 
 # 3.1 (c) --------------------------------------------------------------------------------------

@@ -220,7 +220,8 @@ def check_sliding_window_attention(SlidingWindowAttention):
 
 # --------------------------------------------------------------------------------------------
 # 3.1 (b) How many (query, key) pairs does the band allow?
-_PAIRS_CASES = ((6, 3), (10, 1), (4, 6), (5, 5), (7, 2), (4096, 1024))  # (T, window)
+_PAIRS_CASES = ((6, 3), (10, 1), (4, 6), (5, 5), (7, 2), (4096, 1024), (10**6, 4096))  # (T, window)
+_BIG_T = 10**6  # a (T, T) mask would hold 10**12 entries: count with a formula or a loop
 
 
 def _pairs(T: int, window: int) -> int:
@@ -273,8 +274,15 @@ def _raise_if_a_typical_mistake(got: np.ndarray, candidates_per_case) -> None:
 def check_window_pairs(allowed_pairs):
     """Exercise 3.1 (b): ``allowed_pairs(T, window)`` -> the number of (query, key) pairs a
     ``(T, T)`` sliding-window mask allows (its True entries): ``sum_i min(i + 1, window)``."""
-    got_a, want_a = _number_answers(allowed_pairs, "allowed_pairs", _PAIRS_CASES, ("T", "window"),
-                                    _pairs)
+    try:
+        got_a, want_a = _number_answers(allowed_pairs, "allowed_pairs", _PAIRS_CASES,
+                                        ("T", "window"), _pairs)
+    except _Wrong as e:
+        if f"T = {_BIG_T}," not in str(e):
+            raise
+        raise _Wrong(f"{e}. At T = {_BIG_T:,} a (T, T) mask has 10^12 entries and does not fit in "
+                     "memory: count the pairs without building the mask (a formula, or a sum "
+                     "over the queries)") from None
     if np.array_equal(got_a, want_a):
         return ("about T * window pairs once T >> window: linear in T, where the causal "
                 "triangle has T(T + 1)/2.")

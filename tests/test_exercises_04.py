@@ -627,7 +627,8 @@ def test_4_1_one_head_prediction_hint_names_no_mechanism(capsys):
 # Predictions inside sections 2 and 6 ----------------------------------------------------------
 # The true counts, derived by hand: per head 3 projections + QK^T + weights @ V = 5 products, so the
 # wrapper runs 5 * 12 = 60; MultiHeadAttention runs the same 5 once, plus out_proj: 6. From 1 head to
-# 48 at the same d, QK^T and weights @ V cost 2 T^2 (H d_head) = 2 T^2 d either way (x1), while the
+# 48 at the same d, QK^T and weights @ V cost 2 T^2 d_head each per head, 4 T^2 (H d_head) = 4 T^2 d
+# either way (x1), while the
 # weights tensor holds H T^2 numbers (x48).
 # by hand: per head the wrapper runs 3 projections + 2 attention products (5H); MultiHeadAttention
 # runs those 5 once plus out_proj (6); at d = 768, T = 1024, B = 1: projections 8Td^2, QK^T and
@@ -695,6 +696,18 @@ def test_flop_prediction(capsys, prediction, passed, phrase):
         assert ("H d_head = d" in out) is ("matmul FLOPs" not in prediction or
                                            abs(math.log(prediction["matmul FLOPs"])) > math.log(1.1)), out
         assert ("own (T, T) weights" in out) is (abs(math.log(float(prediction["weights"]) / 48)) > math.log(1.1)), out
+
+
+def test_flop_hint_counts_both_attention_products(capsys):
+    # the typical wrong answer "FLOPs grow with H" gets the per-head count: by hand, QK^T is
+    # (T x d_head) @ (d_head x T), 2 T^2 d_head FLOPs, and weights @ V is (T x T) @ (T x d_head),
+    # another 2 T^2 d_head: 4 T^2 d_head per head, 4 T^2 d over all heads (FLOPS above)
+    assert FLOPS[48]["matmul FLOPs"] == 48 * 4 * 1024**2 * (768 // 48)
+    nb04.grade_flop_prediction({"matmul FLOPs": 48, "weights": 48}, FLOPS)
+    out = capsys.readouterr().out
+    assert "4 T^2 d_head in all" in out, out
+    assert "QK^T costs 2 T^2 d_head and weights @ V another 2 T^2 d_head" in out, out
+    assert "per head 2 T^2 d_head," not in out, out  # the old, wrong count
 
 
 def test_section_predictions_are_not_exercise_checkers():

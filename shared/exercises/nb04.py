@@ -175,7 +175,8 @@ def grade_flop_prediction(pred_factor, counted):
     if not off:
         return f"{said}: both right. The counts are in the next cell."
     notes = {
-        "matmul FLOPs": "48 heads each work on d_head = d / 48 features: per head 2 T^2 d_head, "
+        "matmul FLOPs": "48 heads each work on d_head = d / 48 features: per head QK^T costs "
+                        "2 T^2 d_head and weights @ V another 2 T^2 d_head, 4 T^2 d_head in all, "
                         "and H d_head = d whatever H",
         "weights": "every head has its own (T, T) weights: the tensor holds B * H * T * T numbers",
     }

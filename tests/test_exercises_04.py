@@ -305,6 +305,13 @@ def pad_ints(lengths, T, causal, padding_side):
     return np.array(pad_ok(lengths, T, causal, padding_side), dtype=int)
 
 
+def pad_nan_unchanged(lengths, T, causal, padding_side):  # a query seeing only padding: "unchanged"
+    pad = pad_positions(lengths, T, padding_side)
+    seen = [[[j for j in range(T) if not causal or j <= i] for i in range(T)] for b in range(len(lengths))]
+    return [[any(pad[b, j] for j in seen[b][i]) and not all(pad[b, j] for j in seen[b][i]) for i in range(T)]
+            for b in range(len(lengths))]
+
+
 def pad_only(lengths, T, causal, padding_side):
     return pad_positions(lengths, T, padding_side)
 
@@ -444,6 +451,7 @@ CASES = [
     (ex.check_padding_changes, (pad_ignores_causal,), False, "can a real token see padding that comes after"),
     (ex.check_padding_changes, (pad_strict,), False, "keeps the diagonal"),
     (ex.check_padding_changes, (pad_swapped,), False, "'left' before them"),
+    (ex.check_padding_changes, (pad_nan_unchanged,), False, "gets nan from nn.MultiheadAttention"),
     (ex.check_padding_changes, (pad_all,), False, "a sequence of full length has no padding"),
     (ex.check_padding_changes, (pad_none,), False, "their outputs change"),
     (ex.check_padding_changes, (pad_other,), False, "sequence 0 (length 6) is wrong"),

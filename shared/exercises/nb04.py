@@ -727,6 +727,8 @@ def _changed_variant(lengths, T, causal, padding_side, how="right"):
     if causal and how != "ignores causal":
         sees = j < i if how == "strictly earlier" else j <= i
     changed = (pad[:, None, :] & sees[None]).any(-1)  # (B, T)
+    if how == "nan unchanged":  # a query that sees only padding (nan once masked) left out
+        return changed & ~(pad[:, None, :] | ~sees[None]).all(-1)
     has_pad = pad.any(-1, keepdims=True)
     if how == "padding only":
         return pad
@@ -749,6 +751,8 @@ _PAD_MISTAKES = {
     "strictly earlier": "the causal mask keeps the diagonal: query i also sees its own key i",
     "sides swapped": "padding_side='right' puts the padding after the real tokens, 'left' "
                      "before them",
+    "nan unchanged": "a query whose keys are all padding gets nan from nn.MultiheadAttention once "
+                     "the mask is added: count it as changed",
     "every position": "a sequence of full length has no padding: its key_padding_mask row is "
                       "all False, so none of its outputs change",
     "nothing": "the mask removes keys that some queries could see before: their outputs change",

@@ -283,10 +283,17 @@ def params_raises(config):
     return config["num_kv_heads"]  # a key the config does not have
 
 
-# 4.3's prediction: Llama 3 8B by hand. W_q, W_o: 4096 x 4096 each; W_k, W_v: 4096 x (8 * 128)
+# 4.3's prediction by hand, each over 4 d^2. Llama 3 8B: W_q, W_o 4096 x 4096 each; W_k, W_v
+# 4096 x (8 * 128). Gemma 7B: W_q, W_k, W_v 3072 x (16 * 256) each, W_o (16 * 256) x 3072.
 LLAMA_GQA = 2 * 4096 * 4096 + 2 * 4096 * 8 * 128
 LLAMA_MHA = 4 * 4096 * 4096
 RATIO = LLAMA_GQA / LLAMA_MHA  # 5/8
+GEMMA = 4 * 3072 * 4096
+GEMMA_RATIO = GEMMA / (4 * 3072**2)  # 4/3
+
+
+def ratios(llama=RATIO, gemma=GEMMA_RATIO):
+    return {"Llama 3 8B": llama, "Gemma 7B": gemma}
 
 
 # 4.4 ------------------------------------------------------------------------------------------
@@ -303,6 +310,13 @@ def pad_ok(lengths, T, causal, padding_side):  # loops, written apart from the c
 
 def pad_ints(lengths, T, causal, padding_side):
     return np.array(pad_ok(lengths, T, causal, padding_side), dtype=int)
+
+
+def pad_nan_unchanged(lengths, T, causal, padding_side):  # a query seeing only padding: "unchanged"
+    pad = pad_positions(lengths, T, padding_side)
+    seen = [[[j for j in range(T) if not causal or j <= i] for i in range(T)] for b in range(len(lengths))]
+    return [[any(pad[b, j] for j in seen[b][i]) and not all(pad[b, j] for j in seen[b][i]) for i in range(T)]
+            for b in range(len(lengths))]
 
 
 def pad_only(lengths, T, causal, padding_side):
@@ -424,18 +438,28 @@ CASES = [
     (ex.check_duplicate_token_head, (dup_inf,), False, "not inf"),
     (ex.check_duplicate_token_head, (dup_one_matrix,), False, "return the pair (W_q, W_k)"),
     (ex.check_duplicate_token_head, (dup_overflow,), False, "overflow to inf"),
-    (ex.check_gqa_prediction, (RATIO,), True, f"counted from the configs: {LLAMA_GQA:,} against {LLAMA_MHA:,}"),
-    (ex.check_gqa_prediction, (5 / 8 + 0.004,), True, OK),
-    (ex.check_gqa_prediction, (torch.tensor(0.625),), True, OK),
+    (ex.check_gqa_prediction, (ratios(),), True, f"Llama 3 8B {LLAMA_GQA:,} against 4 d^2 = {LLAMA_MHA:,}; Gemma 7B {GEMMA:,}"),
+    (ex.check_gqa_prediction, (ratios(5 / 8 + 0.004, 1.335),), True, OK),
+    (ex.check_gqa_prediction, (ratios(torch.tensor(0.625), 4 / 3),), True, OK),
     (ex.check_gqa_prediction, (None,), None, NA),
-    (ex.check_gqa_prediction, (1,), False, "something in the layer shrinks"),
-    (ex.check_gqa_prediction, (8 / 32,), False, "you shrank all four matrices"),
-    (ex.check_gqa_prediction, ((1 + 1 + 1 + 0.25) / 4,), False, "you shrank one of W_k and W_v"),
-    (ex.check_gqa_prediction, ((1 + 3 * 0.25) / 4,), False, "you shrank W_q or W_o as well"),
-    (ex.check_gqa_prediction, (1 / RATIO,), False, "upside down"),
-    (ex.check_gqa_prediction, (0.7,), False, "your ratio 0.7 is off"),
-    (ex.check_gqa_prediction, ("0.625",), False, "must be a number"),
-    (ex.check_gqa_prediction, (True,), False, "must be a number"),
+    (ex.check_gqa_prediction, (ratios(..., ...),), None, NA),
+    (ex.check_gqa_prediction, (ratios(0.625, None),), None, "'Gemma 7B' in my_ratio too"),
+    (ex.check_gqa_prediction, (ratios(llama=1),), False, "Llama 3 8B: grouped-query attention has fewer"),
+    (ex.check_gqa_prediction, (ratios(llama=8 / 32),), False, "you shrank all four matrices"),
+    (ex.check_gqa_prediction, (ratios(llama=(1 + 1 + 1 + 0.25) / 4),), False, "you shrank one of W_k and W_v"),
+    (ex.check_gqa_prediction, (ratios(llama=(1 + 3 * 0.25) / 4),), False, "you shrank W_q or W_o as well"),
+    (ex.check_gqa_prediction, (ratios(llama=1 / RATIO),), False, "Llama 3 8B: your ratio is upside down"),
+    (ex.check_gqa_prediction, (ratios(gemma=1),), False, "Gemma 7B: the config gives head_dim"),
+    (ex.check_gqa_prediction, (ratios(gemma=(4096 / 3072) ** 2),), False, "keeps hidden_size on one side"),
+    (ex.check_gqa_prediction, (ratios(gemma=(3 * 4 / 3 + 1) / 4),), False, "W_o widens too"),
+    (ex.check_gqa_prediction, (ratios(gemma=(4 / 3 + 3) / 4),), False, "only W_q is wider in your count"),
+    (ex.check_gqa_prediction, (ratios(gemma=(3 * 4 / 3 + 16 / 9) / 4),), False, "not square in the heads' width"),
+    (ex.check_gqa_prediction, (ratios(gemma=0.75),), False, "Gemma 7B: your ratio is upside down"),
+    (ex.check_gqa_prediction, (ratios(1, 1),), False, "Llama 3 8B: grouped-query attention has fewer key/value heads: something in the layer shrinks; Gemma 7B: the config"),
+    (ex.check_gqa_prediction, (ratios(gemma=1.2),), False, "Gemma 7B: write the size of each of W_q"),
+    (ex.check_gqa_prediction, (0.625,), False, "my_ratio must be a dict with the keys"),
+    (ex.check_gqa_prediction, (ratios(gemma="1.33"),), False, "must be a positive number"),
+    (ex.check_gqa_prediction, (ratios(llama=True),), False, "must be a positive number"),
     (ex.check_padding_changes, (pad_ok,), True, "only the padding rows change"),
     (ex.check_padding_changes, (pad_ints,), True, OK),
     (ex.check_padding_changes, (stub,), None, NA),
@@ -444,6 +468,7 @@ CASES = [
     (ex.check_padding_changes, (pad_ignores_causal,), False, "can a real token see padding that comes after"),
     (ex.check_padding_changes, (pad_strict,), False, "keeps the diagonal"),
     (ex.check_padding_changes, (pad_swapped,), False, "'left' before them"),
+    (ex.check_padding_changes, (pad_nan_unchanged,), False, "gets nan from nn.MultiheadAttention"),
     (ex.check_padding_changes, (pad_all,), False, "a sequence of full length has no padding"),
     (ex.check_padding_changes, (pad_none,), False, "their outputs change"),
     (ex.check_padding_changes, (pad_other,), False, "sequence 0 (length 6) is wrong"),
@@ -591,9 +616,22 @@ def test_padding_mistakes_are_distinguishable():
 
 
 def test_gqa_mistake_ratios_are_distinct():
-    values = [v for _, v in nb04._gqa_ratio_mistakes(nb04.LLAMA3_8B)]
-    assert min(abs(a - b) for i, a in enumerate(values + [RATIO]) for b in (values + [RATIO])[i + 1:]) > 0.05
+    for cfg, right in ((nb04.LLAMA3_8B, RATIO), (nb04.GEMMA_7B, GEMMA_RATIO)):
+        values = [v for _, v in nb04._ratio_mistakes(cfg)] + [right]
+        assert min(abs(a - b) for i, a in enumerate(values) for b in values[i + 1:]) > 0.05
     assert nb04.attention_parameter_count(nb04.LLAMA3_8B) == LLAMA_GQA
+    assert nb04.attention_parameter_count(nb04.GEMMA_7B) == GEMMA
+
+
+def test_gqa_hints_never_give_the_ratio(capsys):
+    """A wrong prediction gets a hint and no counts: the right ratio and the counts stay hidden."""
+    for cfg in (nb04.LLAMA3_8B, nb04.GEMMA_7B):
+        for _, value in nb04._ratio_mistakes(cfg):
+            wrong = ratios(llama=value) if cfg is nb04.LLAMA3_8B else ratios(gemma=value)
+            assert nb04.check_gqa_prediction(wrong).passed is False
+            out = capsys.readouterr().out
+            for secret in ("0.625", "5/8", "1.333", "4/3", f"{LLAMA_GQA:,}", f"{GEMMA:,}", "counted"):
+                assert secret not in out, out
 
 
 GRADED_4_1 = [
@@ -627,7 +665,8 @@ def test_4_1_one_head_prediction_hint_names_no_mechanism(capsys):
 # Predictions inside sections 2 and 6 ----------------------------------------------------------
 # The true counts, derived by hand: per head 3 projections + QK^T + weights @ V = 5 products, so the
 # wrapper runs 5 * 12 = 60; MultiHeadAttention runs the same 5 once, plus out_proj: 6. From 1 head to
-# 48 at the same d, QK^T and weights @ V cost 2 T^2 (H d_head) = 2 T^2 d either way (x1), while the
+# 48 at the same d, QK^T and weights @ V cost 2 T^2 d_head each per head, 4 T^2 (H d_head) = 4 T^2 d
+# either way (x1), while the
 # weights tensor holds H T^2 numbers (x48).
 # by hand: per head the wrapper runs 3 projections + 2 attention products (5H); MultiHeadAttention
 # runs those 5 once plus out_proj (6); at d = 768, T = 1024, B = 1: projections 8Td^2, QK^T and
@@ -695,6 +734,18 @@ def test_flop_prediction(capsys, prediction, passed, phrase):
         assert ("H d_head = d" in out) is ("matmul FLOPs" not in prediction or
                                            abs(math.log(prediction["matmul FLOPs"])) > math.log(1.1)), out
         assert ("own (T, T) weights" in out) is (abs(math.log(float(prediction["weights"]) / 48)) > math.log(1.1)), out
+
+
+def test_flop_hint_counts_both_attention_products(capsys):
+    # the typical wrong answer "FLOPs grow with H" gets the per-head count: by hand, QK^T is
+    # (T x d_head) @ (d_head x T), 2 T^2 d_head FLOPs, and weights @ V is (T x T) @ (T x d_head),
+    # another 2 T^2 d_head: 4 T^2 d_head per head, 4 T^2 d over all heads (FLOPS above)
+    assert FLOPS[48]["matmul FLOPs"] == 48 * 4 * 1024**2 * (768 // 48)
+    nb04.grade_flop_prediction({"matmul FLOPs": 48, "weights": 48}, FLOPS)
+    out = capsys.readouterr().out
+    assert "4 T^2 d_head in all" in out, out
+    assert "QK^T costs 2 T^2 d_head and weights @ V another 2 T^2 d_head" in out, out
+    assert "per head 2 T^2 d_head," not in out, out  # the old, wrong count
 
 
 def test_section_predictions_are_not_exercise_checkers():

@@ -17,7 +17,7 @@ against. Answers computed in float32 are accepted (the tolerances are float32's)
 * 4.3 ``check_attention_parameters``: the parameter count of one attention layer from a
   Hugging-Face-style config (grouped-query attention, an explicit ``head_dim``, biases); on the
   hidden configs every named mistake gives its own set of numbers. ``check_gqa_prediction``
-  grades the predicted Llama 3 8B / ordinary-heads ratio first, then shows the counts.
+  grades the predicted Llama 3 8B and Gemma 7B counts over 4 d^2 first, then shows the counts.
 * 4.4 ``check_padding_changes``: which outputs of self-attention change when a
   ``key_padding_mask`` is added, for right or left padding, with or without a causal mask; every
   named wrong way of reasoning gives its own answers on the hidden batches.
@@ -175,7 +175,8 @@ def grade_flop_prediction(pred_factor, counted):
     if not off:
         return f"{said}: both right. The counts are in the next cell."
     notes = {
-        "matmul FLOPs": "48 heads each work on d_head = d / 48 features: per head 2 T^2 d_head, "
+        "matmul FLOPs": "48 heads each work on d_head = d / 48 features: per head QK^T costs "
+                        "2 T^2 d_head and weights @ V another 2 T^2 d_head, 4 T^2 d_head in all, "
                         "and H d_head = d whatever H",
         "weights": "every head has its own (T, T) weights: the tensor holds B * H * T * T numbers",
     }
@@ -640,58 +641,86 @@ def check_attention_parameters(attention_parameters):
                  "biases when attention_bias")
 
 
-# The prediction of exercise 4.3, graded before the learner counts: Llama 3 8B's attention layer
-# (grouped-query, 8 key/value heads) against the same layer with 32 ordinary heads.
+# The prediction of exercise 4.3, graded before the learner counts: two real attention layers,
+# each against section 6's 4 d^2 (no biases), the count when H * head_dim = d and H_kv = H.
+# Llama 3 8B shrinks W_k and W_v (8 key/value heads); Gemma 7B widens every projection
+# (H * head_dim = 4096 > d = 3072).
 LLAMA3_8B = {"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
              "head_dim": 128, "attention_bias": False}
+GEMMA_7B = {"hidden_size": 3072, "num_attention_heads": 16, "num_key_value_heads": 16,
+            "head_dim": 256, "attention_bias": False}
+_PREDICTED = {"Llama 3 8B": LLAMA3_8B, "Gemma 7B": GEMMA_7B}
 
 
-def _gqa_ratio_mistakes(cfg: dict) -> list[tuple[str, float]]:
-    """(hint, the ratio that mistake predicts) for the GQA / ordinary parameter ratio."""
+def _ratio_mistakes(cfg: dict) -> list[tuple[str, float]]:
+    """(hint, the ratio that mistake predicts) for a layer's parameters / 4 d^2. A hint names
+    the mistake, never the right number."""
     d, H, H_kv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    q = H * cfg["head_dim"]
-    full = d * q * 4
-    kv_small = d * H_kv * cfg["head_dim"]
-    right = (2 * d * q + 2 * kv_small) / full
-    return [
-        ("grouped-query attention has fewer key/value heads: something in the layer shrinks",
-         1.0),
-        (f"you shrank all four matrices by num_key_value_heads / num_attention_heads = "
-         f"{H_kv}/{H}: which projections have one head per query head, and which one per "
-         "key/value head?", H_kv / H),
-        ("you shrank one of W_k and W_v: keys and values both have num_key_value_heads heads",
-         (2 * d * q + kv_small + d * q) / full),
-        ("you shrank W_q or W_o as well: they keep all num_attention_heads query heads",
-         (d * q + 3 * kv_small) / full),
-        ("your ratio is upside down: my_ratio is the grouped-query layer's count divided by the "
-         "ordinary layer's", 1 / right),
+    q, kv = H * cfg["head_dim"], H_kv * cfg["head_dim"]
+    full = 4 * d * d
+    right = (2 * d * q + 2 * d * kv) / full
+    if H_kv < H:  # grouped-query; here q = d
+        return [
+            ("grouped-query attention has fewer key/value heads: something in the layer shrinks",
+             1.0),
+            ("you shrank all four matrices by num_key_value_heads / num_attention_heads: which "
+             "projections have one head per query head, and which one per key/value head?",
+             H_kv / H),
+            ("you shrank one of W_k and W_v: keys and values both have num_key_value_heads heads",
+             (3 * d * q + d * kv) / full),
+            ("you shrank W_q or W_o as well: they keep all num_attention_heads query heads",
+             (d * q + 3 * d * kv) / full),
+            ("your ratio is upside down: divide the layer's count by 4 d^2", 1 / right),
+        ]
+    return [  # ordinary heads, but H * head_dim != d
+        ("the config gives head_dim, and num_attention_heads * head_dim is not hidden_size: the "
+         "projections are as wide as all heads together, so the count is not 4 d^2", 1.0),
+        ("you scaled each matrix by the square of num_attention_heads * head_dim / hidden_size: "
+         "every projection keeps hidden_size on one side; only its other side is the heads' "
+         "total width", (q / d) ** 2),
+        ("W_o widens too: it maps the num_attention_heads * head_dim concatenated features back "
+         "to hidden_size", (3 * d * q + d * d) / full),
+        ("only W_q is wider in your count: W_k and W_v have head_dim features per head too, and "
+         "W_o maps all the heads' features back to hidden_size", (d * q + 3 * d * d) / full),
+        ("W_o is (num_attention_heads * head_dim, hidden_size), not square in the heads' width",
+         (3 * d * q + q * q) / full),
+        ("your ratio is upside down: divide the layer's count by 4 d^2", 1 / right),
     ]
 
 
 @_checker
 def check_gqa_prediction(my_ratio):
-    """``my_ratio``: Llama 3 8B's attention parameters per layer divided by those of the same
-    layer with ordinary heads (``num_key_value_heads`` = ``num_attention_heads``), predicted
-    before counting; the checker then shows the counts."""
-    if my_ratio is None:
-        raise _NotAttempted("write your predicted ratio (a number) into my_ratio; the counts are "
-                            "shown once it is filled in")
-    if isinstance(my_ratio, torch.Tensor) and my_ratio.numel() == 1:
-        my_ratio = my_ratio.item()
-    if isinstance(my_ratio, bool) or not isinstance(my_ratio, numbers.Real) \
-            or not math.isfinite(my_ratio):
-        raise _Wrong(f"my_ratio must be a number (e.g. 0.9); got {my_ratio!r}")
-    ordinary = {**LLAMA3_8B, "num_key_value_heads": LLAMA3_8B["num_attention_heads"]}
-    gqa, mha = attention_parameter_count(LLAMA3_8B), attention_parameter_count(ordinary)
-    counted = f"counted from the configs: {gqa:,} against {mha:,} parameters per layer"
-    if abs(my_ratio - gqa / mha) <= 0.01:
-        return (f"{counted}, a ratio of {gqa / mha:.4g}: only W_k and W_v shrink, to a quarter; "
-                "W_q and W_o keep all 32 heads.")
-    for hint, value in _gqa_ratio_mistakes(LLAMA3_8B):
-        if abs(my_ratio - value) <= 0.01:
-            raise _Wrong(f"{counted}; {hint}")
-    raise _Wrong(f"{counted}; your ratio {my_ratio:.4g} is off: write each of W_q, W_k, W_v and "
-                 "W_o's size in both layers, then divide the totals")
+    """``my_ratio``: ``{"Llama 3 8B": r, "Gemma 7B": s}``, each model's attention parameters per
+    layer divided by section 6's ``4 d^2`` (no biases), predicted before counting. Wrong
+    predictions get a hint naming the mistake (no numbers); right ones get the counts."""
+    keys = tuple(_PREDICTED)
+    if my_ratio is None or my_ratio is ...:
+        raise _NotAttempted("write your two predicted ratios into my_ratio; the counts are shown "
+                            "once both are right")
+    _typed(my_ratio, keys, "my_ratio", "your two predicted ratios")
+    guess = {}
+    for k in keys:
+        v = my_ratio[k]
+        if isinstance(v, torch.Tensor) and v.numel() == 1:
+            v = v.item()
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v <= 0:
+            raise _Wrong(f"my_ratio[{k!r}] must be a positive number (e.g. 0.9); got {v!r}")
+        guess[k] = float(v)
+    notes = []
+    for k, cfg in _PREDICTED.items():
+        count, full = attention_parameter_count(cfg), 4 * cfg["hidden_size"] ** 2
+        if abs(guess[k] - count / full) <= 0.01:
+            continue
+        hint = next((h for h, value in _ratio_mistakes(cfg) if abs(guess[k] - value) <= 0.01),
+                    "write the size of each of W_q, W_k, W_v and W_o from the config, add them, "
+                    "then divide by 4 d^2")
+        notes.append(f"{k}: {hint}")
+    if notes:
+        raise _Wrong("; ".join(notes))
+    parts = [f"{k} {attention_parameter_count(cfg):,} against 4 d^2 = "
+             f"{4 * cfg['hidden_size'] ** 2:,}" for k, cfg in _PREDICTED.items()]
+    return ("counted from the configs: " + "; ".join(parts) + ". Llama's W_k and W_v shrink to a "
+            "quarter; each of Gemma's four projections is 4096 / 3072 times a d x d matrix.")
 
 
 # --------------------------------------------------------------------------------------------
@@ -726,6 +755,8 @@ def _changed_variant(lengths, T, causal, padding_side, how="right"):
     if causal and how != "ignores causal":
         sees = j < i if how == "strictly earlier" else j <= i
     changed = (pad[:, None, :] & sees[None]).any(-1)  # (B, T)
+    if how == "nan unchanged":  # a query that sees only padding (nan once masked) left out
+        return changed & ~(pad[:, None, :] | ~sees[None]).all(-1)
     has_pad = pad.any(-1, keepdims=True)
     if how == "padding only":
         return pad
@@ -748,6 +779,8 @@ _PAD_MISTAKES = {
     "strictly earlier": "the causal mask keeps the diagonal: query i also sees its own key i",
     "sides swapped": "padding_side='right' puts the padding after the real tokens, 'left' "
                      "before them",
+    "nan unchanged": "a query whose keys are all padding gets nan from nn.MultiheadAttention once "
+                     "the mask is added: count it as changed",
     "every position": "a sequence of full length has no padding: its key_padding_mask row is "
                       "all False, so none of its outputs change",
     "nothing": "the mask removes keys that some queries could see before: their outputs change",

@@ -117,13 +117,14 @@ def esize(dtype):
     return {torch.float16: 2, torch.bfloat16: 2, torch.float32: 4, torch.float64: 8}[dtype]
 
 
-def roof_parts(config, T, dtype, *, kv_reads=1, mlp=True, kv_flops=False, split_head_dim=False):
+def roof_parts(config, T, dtype, *, kv_reads=1, mlp=True, kv_flops=False, split_head_dim=False, kv_weights_H=False):
     """(FLOPs of one sequence, bytes of the weights, bytes of one sequence's cache), written from the
     description: every matrix of a layer counted by its shape, the output layer, no embedding table."""
     L, H, D = config["num_hidden_layers"], config["num_attention_heads"], config["hidden_size"]
     H_kv = config.get("num_key_value_heads", H)
     d = D // H if split_head_dim else config.get("head_dim", D // H)
-    shapes = [(D, H * d), (D, H_kv * d), (D, H_kv * d), (H * d, D)]  # q_proj, k_proj, v_proj, o_proj
+    kv_heads = H if kv_weights_H else H_kv
+    shapes = [(D, H * d), (D, kv_heads * d), (D, kv_heads * d), (H * d, D)]  # q_proj, k_proj, v_proj, o_proj
     if mlp:
         shapes += [(D, config["intermediate_size"])] * 3  # gate, up, down
     weights = L * sum(a * b for a, b in shapes) + config["vocab_size"] * D
@@ -158,6 +159,11 @@ def roof_gflop_per_gib(config, T, batch_size, dtype=torch.bfloat16):  # GFLOP ov
 
 def roof_kv_flops(config, T, batch_size, dtype=torch.bfloat16):
     flops, weight_bytes, cache_bytes = roof_parts(config, T, dtype, kv_flops=True)
+    return batch_size * flops / (weight_bytes + batch_size * cache_bytes)
+
+
+def roof_kv_weights_H(config, T, batch_size, dtype=torch.bfloat16):  # k_proj, v_proj sized by H, not H_kv
+    flops, weight_bytes, cache_bytes = roof_parts(config, T, dtype, kv_weights_H=True)
     return batch_size * flops / (weight_bytes + batch_size * cache_bytes)
 
 
@@ -408,6 +414,7 @@ CASES = [
     (C.check_decode_flop_per_byte, (roof_gflop_per_gib,), False, "a GiB is 2**30 bytes"),
     (C.check_decode_flop_per_byte, (roof_kv_flops,), False, "H query heads, not H_kv"),
     (C.check_decode_flop_per_byte, (roof_one_cache,), False, "its own cache"),
+    (C.check_decode_flop_per_byte, (roof_kv_weights_H,), False, "project to the H_kv key/value heads"),
     (C.check_decode_flop_per_byte, (roof_split_head_dim,), False, "when a config gives head_dim"),
     (C.check_decode_flop_per_byte, (roof_key_error,), False, "use config.get"),
     (C.check_sink_ring_cache, (RingOK,), True, "sink + band mask"),
@@ -485,7 +492,8 @@ def test_roofline_mistakes_are_told_apart_on_the_hidden_cases():
         assert not np.allclose(va, vb, rtol=1e-6, atol=0), (a, b)
     for mistake, fn in ((None, roof_ok), ("repeat", roof_repeat), ("no_mlp", roof_no_mlp), ("e2", roof_two_bytes),
                         ("units", roof_gflop_per_gib), ("kv_flops", roof_kv_flops),
-                        ("cache_once", roof_one_cache), ("head_dim", roof_split_head_dim)):
+                        ("cache_once", roof_one_cache), ("head_dim", roof_split_head_dim),
+                        ("kv_weights", roof_kv_weights_H)):
         assert np.allclose(vectors[mistake], [fn(*case) for case in nb08._ROOF_CASES], rtol=1e-12, atol=0), mistake
 
 

@@ -328,7 +328,8 @@ def _roofline(c: dict, mistake: str | None = None, ceiling: bool = False) -> flo
     each cached key/value head once), or with ``ceiling`` its limit for a large batch, as the
     given ``mistake`` would compute it."""
     d = c["D"] // c["H"] if mistake == "head_dim" else c["d"]
-    attention_weights = 2 * c["D"] * c["H"] * d + 2 * c["D"] * c["H_kv"] * d  # q, o; k, v
+    kv_heads = c["H"] if mistake == "kv_weights" else c["H_kv"]
+    attention_weights = 2 * c["D"] * c["H"] * d + 2 * c["D"] * kv_heads * d  # q, o; k, v
     mlp = 0 if mistake == "no_mlp" else 3 * c["D"] * c["F"]
     output_layer = 0 if mistake == "no_output" else c["V"] * c["D"]
     params = (c["L"] * (attention_weights + mlp) + output_layer
@@ -351,6 +352,8 @@ def _roofline(c: dict, mistake: str | None = None, ceiling: bool = False) -> flo
 _ROOF_HINTS = {
     "repeat": "your cache bytes are g = H / H_kv times too many: the kernel here reads each cached "
               "key/value head once for its whole group (H_kv heads, not H)",
+    "kv_weights": "your k_proj and v_proj have one head per query head: with grouped-query "
+                  "attention they project to the H_kv key/value heads only",
     "no_mlp": "the MLP's three matrices (hidden_size x intermediate_size each) are matrix products "
               "too: count their weights",
     "no_output": "the output layer (vocab_size x hidden_size) is a matrix product every step: "

@@ -57,7 +57,7 @@ def _step(positions="ok", heads="interleave", mask="bottom_right", cache_heads="
         T = K_cache.shape[2]
         right, zero = T + torch.arange(T_new), torch.arange(T_new)
         q_pos, k_pos = {"ok": (right, right), "zero": (zero, zero), "after": (right + T_new, right + T_new),
-                        "q_only": (right, zero)}[positions]
+                        "q_only": (right, zero), "q_in_pass": (zero, right)}[positions]
         Q = apply_rope(layer.q_proj(x).view(B, T_new, H, d).transpose(1, 2), q_pos, layer.rope_base)
         k = apply_rope(layer.k_proj(x).view(B, T_new, H_kv, d).transpose(1, 2), k_pos, layer.rope_base)
         v = layer.v_proj(x).view(B, T_new, H_kv, d).transpose(1, 2)
@@ -79,9 +79,11 @@ def _step(positions="ok", heads="interleave", mask="bottom_right", cache_heads="
     return llama_step
 
 
-step_as_given = _step(heads="repeat", mask="is_causal_if_many")  # the notebook's buggy_llama_step
-step_mask_fixed_only = _step(heads="repeat")  # fixed the mask, not the heads
-step_heads_fixed_only = _step(mask="is_causal_if_many")  # fixed the heads, not the mask
+step_as_given = _step(positions="q_in_pass", heads="repeat", mask="is_causal_if_many")  # the notebook's buggy_llama_step
+step_mask_fixed_only = _step(positions="q_in_pass", heads="repeat")  # fixed the mask, not the rest
+step_heads_fixed_only = _step(positions="q_in_pass", mask="is_causal_if_many")  # fixed the heads, not the rest
+step_positions_only = _step(positions="q_in_pass")  # fixed the heads and the mask: queries still at i
+step_mask_only = _step(mask="is_causal_if_many")  # fixed the positions and the heads
 step_zero = _step(positions="zero")  # positions restart at 0 in every pass
 step_after = _step(positions="after")
 step_q_only = _step(positions="q_only")
@@ -117,13 +119,14 @@ def esize(dtype):
     return {torch.float16: 2, torch.bfloat16: 2, torch.float32: 4, torch.float64: 8}[dtype]
 
 
-def roof_parts(config, T, dtype, *, kv_reads=1, mlp=True, kv_flops=False, split_head_dim=False):
+def roof_parts(config, T, dtype, *, kv_reads=1, mlp=True, kv_flops=False, split_head_dim=False, kv_weights_H=False):
     """(FLOPs of one sequence, bytes of the weights, bytes of one sequence's cache), written from the
     description: every matrix of a layer counted by its shape, the output layer, no embedding table."""
     L, H, D = config["num_hidden_layers"], config["num_attention_heads"], config["hidden_size"]
     H_kv = config.get("num_key_value_heads", H)
     d = D // H if split_head_dim else config.get("head_dim", D // H)
-    shapes = [(D, H * d), (D, H_kv * d), (D, H_kv * d), (H * d, D)]  # q_proj, k_proj, v_proj, o_proj
+    kv_heads = H if kv_weights_H else H_kv
+    shapes = [(D, H * d), (D, kv_heads * d), (D, kv_heads * d), (H * d, D)]  # q_proj, k_proj, v_proj, o_proj
     if mlp:
         shapes += [(D, config["intermediate_size"])] * 3  # gate, up, down
     weights = L * sum(a * b for a, b in shapes) + config["vocab_size"] * D
@@ -158,6 +161,11 @@ def roof_gflop_per_gib(config, T, batch_size, dtype=torch.bfloat16):  # GFLOP ov
 
 def roof_kv_flops(config, T, batch_size, dtype=torch.bfloat16):
     flops, weight_bytes, cache_bytes = roof_parts(config, T, dtype, kv_flops=True)
+    return batch_size * flops / (weight_bytes + batch_size * cache_bytes)
+
+
+def roof_kv_weights_H(config, T, batch_size, dtype=torch.bfloat16):  # k_proj, v_proj sized by H, not H_kv
+    flops, weight_bytes, cache_bytes = roof_parts(config, T, dtype, kv_weights_H=True)
     return batch_size * flops / (weight_bytes + batch_size * cache_bytes)
 
 
@@ -321,16 +329,18 @@ def pad_float(attention_mask, T_new):
     return positions, torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))
 
 
-# 8.1's prediction: derived by hand (Tensor.repeat and repeat_interleave differ for 1 < H_kv < H
-# in every pass, and are the same list for H_kv = 1; is_causal=T_new > 1 is top-left = bottom-right
-# for a prefill from an empty cache, T_q = T_k, and no mask is right for one query, so only a
-# chunk after the prefill shows it, whatever H_kv); measured below with LlamaStyleAttention.
-# Bug A is the higher line in the notebook's buggy_llama_step (Tensor.repeat), bug B the lower.
-LINES = {"bug A": "    K = K_cache.repeat(1, H // H_kv, 1, 1)  # one key head per query head",
-         "bug B": "context = F.scaled_dot_product_attention(Q, K, V, is_causal=T_new > 1)"}
-PREDICTED = {"bug A, H_kv = 2": "prefill", "bug A, H_kv = 1": "never",
-             "bug B, H_kv = 2": "never", "bug B, H_kv = 1": "never"}
-SWAPPED = {"bug A": LINES["bug B"], "bug B": LINES["bug A"]}
+# 8.1's prediction: derived by hand. Queries rotated at their place in the pass (i) against keys
+# at T + i: right in a prefill from an empty cache (T = 0), wrong from the first decode step on,
+# whatever H_kv. Tensor.repeat and repeat_interleave differ for 1 < H_kv < H in every pass, and are
+# the same list for H_kv = 1. is_causal=T_new > 1 is top-left = bottom-right for a prefill from an
+# empty cache (T_q = T_k), and no mask is right for one query, so only a chunk after the prefill
+# shows it, whatever H_kv. Measured below with LlamaStyleAttention.
+LINES = ["positions = torch.arange(T_new)  # the new tokens, numbered within this pass",
+         "    K = K_cache.repeat(1, H // H_kv, 1, 1)  # one key head per query head",
+         "context = F.scaled_dot_product_attention(Q, K, V, is_causal=T_new > 1)"]
+PREDICTED = [("decode", "decode"), ("prefill", "never"), ("never", "never")]
+Q_LINE = "Q = apply_rope(layer.q_proj(x).view(B, T_new, H, d).transpose(1, 2), positions, layer.rope_base)"
+K_LINE = "k = apply_rope(layer.k_proj(x).view(B, T_new, H_kv, d).transpose(1, 2), T + positions,"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -339,36 +349,52 @@ CHECKERS = list(nb08.__all__)
 C = ex
 CASES = [
     (C.check_llama_step_prediction, (LINES, PREDICTED), True, "1 < H_kv < H"),
-    (C.check_llama_step_prediction, ({**LINES, "bug A": "V = V_cache.repeat(1, H // H_kv, 1, 1)"}, PREDICTED), True, OK),
-    (C.check_llama_step_prediction, ({"bug A": None, "bug B": None}, PREDICTED), None, "find the two bugs first"),
-    (C.check_llama_step_prediction, (SWAPPED, PREDICTED), False, "in the wrong order"),
-    (C.check_llama_step_prediction, ({**LINES, "bug B": "positions = K_cache.shape[2] + torch.arange(T_new)"},
-                                     PREDICTED), False, "for 'bug B' is not one of the two bugs"),
-    (C.check_llama_step_prediction, ({"bug A": "Q = apply_rope(...)", "bug B": "return layer.o_proj(...)"},
-                                     PREDICTED), False, "neither line you gave is one of the two bugs"),
-    (C.check_llama_step_prediction, ({**LINES, "bug A": "K = K_cache.repeat_interleave(H // H_kv, dim=1)"},
+    (C.check_llama_step_prediction, (LINES[::-1], PREDICTED[::-1]), True, OK),  # any order
+    (C.check_llama_step_prediction, ([Q_LINE, *LINES[1:]], PREDICTED), True, OK),  # the Q line shows the bug too
+    (C.check_llama_step_prediction, ([LINES[0], "V = V_cache.repeat(1, H // H_kv, 1, 1)", LINES[2]], PREDICTED), True, OK),
+    (C.check_llama_step_prediction, (None, None), None, "find the bugs first"),
+    (C.check_llama_step_prediction, ([], PREDICTED), False, "must be a list of lines"),
+    (C.check_llama_step_prediction, (LINES[0], PREDICTED), False, "must be a list of lines"),
+    (C.check_llama_step_prediction, (LINES[1:], PREDICTED[1:]), False, "the function has more"),
+    (C.check_llama_step_prediction, ([LINES[2]], PREDICTED[2:]), False, "this line is a bug, and the function has more"),
+    (C.check_llama_step_prediction, ([K_LINE, *LINES[1:]], PREDICTED), False, "bug_lines[0] is not a bug"),
+    (C.check_llama_step_prediction, ([*LINES, "return layer.o_proj(...)"], [*PREDICTED, ("never", "never")]), False,
+     "bug_lines[3] is not a bug"),
+    (C.check_llama_step_prediction, ([LINES[0], "K = K_cache.repeat_interleave(H // H_kv, dim=1)", LINES[2]],
                                      PREDICTED), False, "looks like a fix"),
-    (C.check_llama_step_prediction, ({**LINES, "bug B": 3}, PREDICTED), False, "as a string"),
-    (C.check_llama_step_prediction, ({"repeat": LINES["bug A"]}, PREDICTED), False, "must be a dict with the keys"),
-    (C.check_llama_step_prediction, (LINES, {**PREDICTED, "bug B, H_kv = 2": None}), None, "both lines found"),
-    (C.check_llama_step_prediction, (LINES, {**PREDICTED, "bug B, H_kv = 2": "decode"}), False, "a step of one query"),
-    (C.check_llama_step_prediction, (LINES, {**PREDICTED, "bug B, H_kv = 2": "prefill"}), False, "(T_q = T_k)"),
-    (C.check_llama_step_prediction, (LINES, {**PREDICTED, "bug B, H_kv = 1": "decode"}), False,
-     "does not depend on the number"),
-    (C.check_llama_step_prediction, (LINES, {**PREDICTED, "bug A, H_kv = 2": "decode"}), False, "section 4's diagram"),
-    (C.check_llama_step_prediction, (LINES, {**PREDICTED, "bug A, H_kv = 1": "prefill"}), False, "only one"),
-    (C.check_llama_step_prediction, (LINES, {**PREDICTED, "bug A, H_kv = 2": "first"}), False, "got 'first'"),
-    (C.check_llama_step_prediction, (LINES, {"repeat": "decode"}), False, "must be a dict with the keys"),
+    (C.check_llama_step_prediction, (["positions = T + torch.arange(T_new)", *LINES[1:]], PREDICTED), False,
+     "looks like a fix"),
+    (C.check_llama_step_prediction, ([*LINES, "V = V_cache.repeat(1, H // H_kv, 1, 1)"], [*PREDICTED, ("prefill", "never")]),
+     False, "are one bug"),
+    (C.check_llama_step_prediction, ([*LINES, Q_LINE], [*PREDICTED, ("decode", "decode")]), False, "are one bug"),
+    (C.check_llama_step_prediction, ([LINES[0], 3, LINES[2]], PREDICTED), False, "as a string"),
+    (C.check_llama_step_prediction, (LINES, None), None, "every bug found"),
+    (C.check_llama_step_prediction, (LINES, PREDICTED[:2]), False, "must be a list of 3 pairs"),
+    (C.check_llama_step_prediction, (LINES, [("decode", "decode"), "prefill", ("never", "never")]), False,
+     "must be a list of 3 pairs"),
+    (C.check_llama_step_prediction, (LINES, [PREDICTED[0], PREDICTED[1], ("decode", "never")]), False,
+     "a step of one query"),
+    (C.check_llama_step_prediction, (LINES, [PREDICTED[0], PREDICTED[1], ("prefill", "never")]), False, "(T_q = T_k)"),
+    (C.check_llama_step_prediction, (LINES, [PREDICTED[0], ("decode", "never"), PREDICTED[2]]), False,
+     "section 4's diagram"),
+    (C.check_llama_step_prediction, (LINES, [PREDICTED[0], ("prefill", "prefill"), PREDICTED[2]]), False, "only one"),
+    (C.check_llama_step_prediction, (LINES, [("prefill", "prefill"), *PREDICTED[1:]]), False,
+     "the distance between the positions"),
+    (C.check_llama_step_prediction, (LINES, [("never", "decode"), *PREDICTED[1:]]), False,
+     "first_wrong[0] for H_kv = 2 is off"),
+    (C.check_llama_step_prediction, (LINES, [("decode", "first"), *PREDICTED[1:]]), False, "got 'first'"),
     (C.check_llama_step_fix, (step_ok,), True, "3 decode steps equal the layer"),
     (C.check_llama_step_fix, (step_list,), True, OK),
     (C.check_llama_step_fix, (stub,), None, NA),
     (C.check_llama_step_fix, (stub_raises,), None, NA),
     (C.check_llama_step_fix, (step_as_given,), False, "which key/value head each query head reads"),
     (C.check_llama_step_fix, (step_mask_fixed_only,), False, "which key/value head each query head reads"),
-    (C.check_llama_step_fix, (step_heads_fixed_only,), False, "wrong in a pass of several tokens"),
+    (C.check_llama_step_fix, (step_heads_fixed_only,), False, "what distance do their rotations encode"),
+    (C.check_llama_step_fix, (step_positions_only,), False, "a single decode step too, whatever the heads"),
+    (C.check_llama_step_fix, (step_mask_only,), False, "wrong in a pass of several tokens"),
     (C.check_llama_step_fix, (step_zero,), False, "tokens already in the cache"),
     (C.check_llama_step_fix, (step_after,), False, "cached BEFORE this pass"),
-    (C.check_llama_step_fix, (step_q_only,), False, "but the new keys are not"),
+    (C.check_llama_step_fix, (step_q_only,), False, "at what position is each new key rotated"),
     (C.check_llama_step_fix, (step_is_causal,), False, "aligned top-left"),
     (C.check_llama_step_fix, (step_no_mask,), False, "see the pass's later tokens"),
     (C.check_llama_step_fix, (step_repeated_cache,), False, "cache the 2 key/value heads"),
@@ -408,6 +434,7 @@ CASES = [
     (C.check_decode_flop_per_byte, (roof_gflop_per_gib,), False, "a GiB is 2**30 bytes"),
     (C.check_decode_flop_per_byte, (roof_kv_flops,), False, "H query heads, not H_kv"),
     (C.check_decode_flop_per_byte, (roof_one_cache,), False, "its own cache"),
+    (C.check_decode_flop_per_byte, (roof_kv_weights_H,), False, "project to the H_kv key/value heads"),
     (C.check_decode_flop_per_byte, (roof_split_head_dim,), False, "when a config gives head_dim"),
     (C.check_decode_flop_per_byte, (roof_key_error,), False, "use config.get"),
     (C.check_sink_ring_cache, (RingOK,), True, "sink + band mask"),
@@ -485,7 +512,8 @@ def test_roofline_mistakes_are_told_apart_on_the_hidden_cases():
         assert not np.allclose(va, vb, rtol=1e-6, atol=0), (a, b)
     for mistake, fn in ((None, roof_ok), ("repeat", roof_repeat), ("no_mlp", roof_no_mlp), ("e2", roof_two_bytes),
                         ("units", roof_gflop_per_gib), ("kv_flops", roof_kv_flops),
-                        ("cache_once", roof_one_cache), ("head_dim", roof_split_head_dim)):
+                        ("cache_once", roof_one_cache), ("head_dim", roof_split_head_dim),
+                        ("kv_weights", roof_kv_weights_H)):
         assert np.allclose(vectors[mistake], [fn(*case) for case in nb08._ROOF_CASES], rtol=1e-12, atol=0), mistake
 
 
@@ -500,14 +528,15 @@ def test_ceiling_prediction_hides_the_answer_when_wrong(capsys):
         echoed = {f"{v:{fmt}}" for v in (once, repeat) for fmt in (".3g", ".1f")}
         banned = {"32.0", "31.9", "7.99", "8.0"} - echoed
         assert not any(v in out for v in banned), out
-    ex.check_llama_step_prediction(LINES, {**PREDICTED, "bug A, H_kv = 2": "decode"})
+    ex.check_llama_step_prediction(LINES, [PREDICTED[0], ("decode", "never"), PREDICTED[2]])
     out = capsys.readouterr().out
-    assert "'bug A, H_kv = 2'" in out and "'bug B" not in out and "measured" not in out, out
-    # before the lines are found, nothing names a bug
-    for lines in ({"bug A": None, "bug B": None}, SWAPPED, {**LINES, "bug A": "x = 1"}):
+    assert "first_wrong[1] for H_kv = 2" in out and "first_wrong[2]" not in out and "measured" not in out, out
+    # before every line is found, nothing names a bug or says how many there are
+    for lines in (None, LINES[1:], [LINES[0]], [*LINES[:2], "x = 1"], [K_LINE]):
         ex.check_llama_step_prediction(lines, PREDICTED)
         out = capsys.readouterr().out
-        assert not any(word in out for word in ("repeat", "mask", "is_causal", "measured")), out
+        assert not any(word in out for word in ("repeat", "mask", "is_causal", "rotat", "measured", "two", "three",
+                                                "2 bugs", "3 bugs", "one more")), out
     # 8.4: a wrong guess gets the reasoning, never the measurement
     for guess in ("positions", "both", "neither"):
         ex.check_padding_prediction(guess)
@@ -665,9 +694,8 @@ def test_predictions_hold_for_the_torch_layer():
     torch.manual_seed(1)
     x = torch.randn(1, 7, 32, dtype=torch.float64)
     passes = ((0, 4), (4, 5), (5, 6), (6, 7))
-    for key, (step, H_kv) in {"bug A, H_kv = 2": (_step(heads="repeat"), 2), "bug A, H_kv = 1": (_step(heads="repeat"), 1),
-                              "bug B, H_kv = 2": (_step(mask="is_causal_if_many"), 2),
-                              "bug B, H_kv = 1": (_step(mask="is_causal_if_many"), 1)}.items():
+    bugs = (_step(positions="q_in_pass"), _step(heads="repeat"), _step(mask="is_causal_if_many"))  # LINES' order
+    for (i, step), (j, H_kv) in itertools.product(enumerate(bugs), enumerate((2, 1))):
         layer = LlamaStyleAttention(32, num_heads=8, num_kv_heads=H_kv).double().eval()
         Kc = Vc = torch.zeros(1, H_kv, 0, 4, dtype=torch.float64)
         outs = []
@@ -677,16 +705,15 @@ def test_predictions_hold_for_the_torch_layer():
                 outs.append(out)
             diff = (torch.cat(outs, dim=1) - layer(x)).abs().amax(dim=(0, 2))
         first = "prefill" if diff[:4].max() > 1e-6 else "decode" if diff.max() > 1e-6 else "never"
-        assert first == PREDICTED[key], (key, diff)
+        assert first == PREDICTED[i][j], (i, H_kv, diff)
     q, k = torch.randn(2, 5, 8, dtype=torch.float64).unbind(0)
     pos = torch.arange(5)
     assert torch.allclose(apply_rope(q, pos) @ apply_rope(k, pos).T, apply_rope(q, pos + 3) @ apply_rope(k, pos + 3).T)
 
 
 def test_llama_step_prediction_prints_a_shared_hint_once(capsys):
-    """Both bug-B guesses wrong share one reasoning hint: it is printed once, not twice."""
-    wrong_b = {**PREDICTED, "bug B, H_kv = 2": "decode", "bug B, H_kv = 1": "decode"}
-    C.check_llama_step_prediction(LINES, wrong_b)
+    """Both guesses for the mask bug wrong share one reasoning hint: it is printed once, not twice."""
+    C.check_llama_step_prediction(LINES, [*PREDICTED[:2], ("decode", "decode")])
     out = capsys.readouterr().out
     shared_hint = nb08._MASK_HINT
     assert out.count(shared_hint) == 1, out

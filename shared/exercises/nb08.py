@@ -58,19 +58,20 @@ _STEP_HINTS = {
                      "already in the cache than for a prefill from an empty one?",
     ("pos", "after"): "the new tokens are rotated at positions one pass too far: count the tokens "
                       "that were cached BEFORE this pass",
-    ("pos", "q_only"): "the queries are rotated at the right positions but the new keys are not: "
-                       "a token's query and key sit at the same position",
-    ("pos", "k_only"): "the new keys are rotated at the right positions but the queries are not: "
-                       "a token's query and key sit at the same position",
+    ("pos", "q_only"): "the prefill is right and every later pass is wrong, whatever the heads, "
+                       "and the cached keys differ from the layer's: at what position is each "
+                       "new key rotated, and at what position should it be?",
+    ("pos", "k_only"): "the prefill is right and every later pass is wrong, a single decode step "
+                       "too, whatever the heads: for each new query and each key it reads, what "
+                       "distance do their rotations encode, and what should it be?",
     ("heads", "cycle"): "with grouped-query heads (H_kv < H) the outputs differ already in the "
                         "prefill: write down which key/value head each query head reads in your "
                         "code, and which one it should read (heads 0 .. g-1 share one group)",
     ("mask", "top_left"): "the mask is aligned top-left (is_causal=True): new query i sits at "
                           "position T + i and may see keys j <= T + i",
     ("mask", "chunk"): "the outputs are right in the prefill and in one-token steps, wrong in a "
-                       "pass of several tokens after the prefill (a chunk): is_causal=True aligns "
-                       "the mask top-left, but new query i sits at position T + i and may see "
-                       "keys j <= T + i",
+                       "pass of several tokens after the prefill (a chunk): which keys may each "
+                       "query of a chunk see, and which does your mask let it see?",
     ("mask", "none"): "without a mask, the queries of a pass of several tokens see the pass's "
                       "later tokens",
 }
@@ -131,66 +132,77 @@ def _step_cases():
     return cases
 
 
-# The prediction, graded before the fix. First the learner names the two buggy lines (bug A: the
-# higher one in buggy_llama_step, Tensor.repeat; bug B: the lower one, is_causal=T_new > 1); then,
-# for each bug alone and each H_kv, the first pass whose outputs differ from the layer on the whole
-# sequence (a prefill of 4 tokens, then 3 decode steps). The keys name neither bug.
-_PREDICT_TESTS = {"bug A, H_kv = 2": ({"heads": "cycle"}, 2),
-                  "bug A, H_kv = 1": ({"heads": "cycle"}, 1),
-                  "bug B, H_kv = 2": ({"mask": "chunk"}, 2),
-                  "bug B, H_kv = 1": ({"mask": "chunk"}, 1)}
+# The prediction, graded before the fix. First the learner pastes the buggy lines of
+# buggy_llama_step, as many as they find (the notebook does not say how many there are): the query
+# rotated at its place in the pass ("pos", the `positions` line or the `Q` line), Tensor.repeat
+# ("heads", the K or V line) and is_causal=T_new > 1 ("mask"). Then, for each pasted line, that
+# bug alone with H_kv = 2 and with H_kv = 1 (H = 8, a prefill of 4 tokens, then 3 decode steps):
+# the first pass whose outputs differ from the layer on the whole sequence.
+_BUGS = {"pos": {"pos": "k_only"}, "heads": {"heads": "cycle"}, "mask": {"mask": "chunk"}}
+_BUG_MARKS = {"pos": ("positions=torch.arange(T_new)", "Q=apply_rope(layer.q_proj"),
+              "heads": (".repeat(",), "mask": ("is_causal",)}  # in the code without spaces
+_FIXES = ("repeat_interleave", "repeat_kv", "enable_gqa", "causal_mask", "attn_mask",
+          "T+torch.arange")
 _PREDICT_CHOICES = ("prefill", "decode", "never")
-_MASK_HINT = ("compare what is_causal=True lets each query see with the bottom-right mask of "
+_PREDICT_H_KV = (2, 1)
+_MASK_HINT = ("compare which keys is_causal=True lets each query see with the bottom-right mask of "
               "section 2, in the two kinds of pass of this run: a prefill from an empty cache "
-              "(T_q = T_k) and a step of one query")
+              "(T_q = T_k) and a step of one query; the mask does not depend on the key/value "
+              "heads")
+_PREDICT_HINTS = {
+    ("heads", 2): "write out which key/value head each of the 8 query heads reads with "
+                  "Tensor.repeat and with repeat_interleave when H_kv = 2 (section 4's diagram); "
+                  "the queries of a prefill read the keys too",
+    ("heads", 1): "write out the list of key/value heads that Tensor.repeat and repeat_interleave "
+                  "give the 8 query heads when there is only one",
+    ("mask", 2): _MASK_HINT,
+    ("mask", 1): _MASK_HINT,
+    ("pos", 2): "a query's score with a key depends on the distance between the positions they "
+                "were rotated at: work it out for a prefill from an empty cache and for the first "
+                "decode step; the key/value heads play no part in it",
+}
+_PREDICT_HINTS[("pos", 1)] = _PREDICT_HINTS[("pos", 2)]
+
+
 def _distinct(hints) -> list[str]:
     """The hints in order, each once, leaving out one that another hint repeats and extends."""
     hints = list(dict.fromkeys(hints))
     return [h for h in hints if not any(o != h and o.startswith(h) for o in hints)]
 
 
-_PREDICT_HINTS = {
-    "bug A, H_kv = 2": "write out which key/value head each of the 8 query heads reads with "
-                       "Tensor.repeat and with repeat_interleave when H_kv = 2 (section 4's "
-                       "diagram); the queries of a prefill read the keys too",
-    "bug A, H_kv = 1": "write out the list of key/value heads that Tensor.repeat and "
-                       "repeat_interleave give the 8 query heads when there is only one",
-    "bug B, H_kv = 2": _MASK_HINT,
-    "bug B, H_kv = 1": _MASK_HINT + "; the mask does not depend on the number of key/value heads",
-}
-_BUG_MARKS = {"bug A": ".repeat(", "bug B": "is_causal"}  # what each buggy line holds (no spaces)
-_FIXES = ("repeat_interleave", "repeat_kv", "enable_gqa", "causal_mask", "attn_mask")
-
-
-def _check_bug_lines(bug_lines) -> None:
-    """``bug_lines``: {"bug A": a line of the higher bug, "bug B": a line of the lower one}, pasted
-    from ``buggy_llama_step``. Raises _NotAttempted or _Wrong; the hints never quote a line."""
-    if not isinstance(bug_lines, dict) or set(bug_lines) != set(_BUG_MARKS):
-        raise _Wrong(f"bug_lines must be a dict with the keys {list(_BUG_MARKS)}; "
-                     f"got {bug_lines!r}")
-    if any(v is None for v in bug_lines.values()):
-        raise _NotAttempted("find the two bugs first: paste a line of each into bug_lines (bug A "
-                            "is the higher one in buggy_llama_step, bug B the lower one)")
-    code = {}
-    for key, line in bug_lines.items():
+def _check_bug_lines(bug_lines) -> list[str]:
+    """``bug_lines``: a list of lines pasted from ``buggy_llama_step``, one per bug, any order.
+    Returns the bug each line shows; raises _NotAttempted or _Wrong. The hints never quote a line
+    of the function, nor say how many bugs there are."""
+    if bug_lines is None:
+        raise _NotAttempted("find the bugs first: paste each buggy line of buggy_llama_step into "
+                            "the list bug_lines")
+    if isinstance(bug_lines, str) or not isinstance(bug_lines, (list, tuple)) or not bug_lines:
+        raise _Wrong(f"bug_lines must be a list of lines of buggy_llama_step, as strings; got "
+                     f"{bug_lines!r}")
+    kinds = []
+    for i, line in enumerate(bug_lines):
         if not isinstance(line, str):
-            raise _Wrong(f"bug_lines[{key!r}] should be a line of buggy_llama_step, as a string; "
-                         f"got {type(line).__name__}")
-        code[key] = "".join(line.split("#", 1)[0].split())  # the code without comment or spaces
-    for key, line in code.items():
-        if any(fix in line for fix in _FIXES):
-            raise _Wrong(f"bug_lines[{key!r}] looks like a fix: paste the line as it stands in "
+            raise _Wrong(f"bug_lines[{i}] should be a line of buggy_llama_step, as a string; got "
+                         f"{type(line).__name__}")
+        code = "".join(line.split("#", 1)[0].split())  # the code without comment or spaces
+        if any(fix in code for fix in _FIXES):
+            raise _Wrong(f"bug_lines[{i}] looks like a fix: paste the line as it stands in "
                          "buggy_llama_step")
-    if _BUG_MARKS["bug B"] in code["bug A"] and _BUG_MARKS["bug A"] in code["bug B"]:
-        raise _Wrong("you found both lines, in the wrong order: bug A is the higher of the two "
-                     "in buggy_llama_step")
-    off = [key for key in _BUG_MARKS if _BUG_MARKS[key] not in code[key]]
-    if off:
-        which = (f"the line you gave for {off[0]!r} is not" if len(off) == 1
-                 else "neither line you gave is")
-        raise _Wrong(f"{which} one of the two bugs (bug A is the higher one): ask of each line "
-                     "what changes in a pass the author never tested, a chunk of several tokens "
-                     "after the prefill, with 1 < H_kv < H")
+        kind = next((k for k, marks in _BUG_MARKS.items() if any(m in code for m in marks)), None)
+        if kind is None:
+            raise _Wrong(f"bug_lines[{i}] is not a bug (or not a line of buggy_llama_step): a "
+                         "pass after the prefill with 1 < H_kv < H would run it correctly")
+        if kind in kinds:
+            raise _Wrong(f"bug_lines[{i}] and bug_lines[{kinds.index(kind)}] are one bug: the "
+                         "lines go wrong together and one fix mends both; keep one of them")
+        kinds.append(kind)
+    if len(kinds) < len(_BUGS):
+        raise _Wrong(f"{'this line is a bug' if len(kinds) == 1 else 'these lines are bugs'}, and "
+                     "the function has more: ask of every line what it computes in the passes "
+                     "the author never tested, a decode step or a chunk of several tokens after "
+                     "the prefill, with 1 < H_kv < H")
+    return kinds
 
 
 def _first_wrong_pass(bug: dict, H_kv: int, H: int = 8) -> str:
@@ -211,32 +223,45 @@ def _first_wrong_pass(bug: dict, H_kv: int, H: int = 8) -> str:
 
 @_checker
 def check_llama_step_prediction(bug_lines, first_wrong):
-    """``bug_lines``: ``{"bug A": ..., "bug B": ...}``, a line of each bug of ``buggy_llama_step``
-    pasted as a string (bug A the higher one). ``first_wrong``: for each bug alone and H_kv = 2 or
-    1 (H = 8 query heads, a prefill of 4 tokens then 3 decode steps), ``"prefill"``, ``"decode"``
-    or ``"never"``: the first pass whose outputs differ from the layer on the whole sequence. The
-    lines are checked first; the checker measures the passes itself, once every guess is in."""
-    _check_bug_lines(bug_lines)
-    keys = tuple(_PREDICT_TESTS)
-    if not isinstance(first_wrong, dict) or set(first_wrong) != set(keys):
-        raise _Wrong(f"first_wrong must be a dict with the keys {list(keys)}; got {first_wrong!r}")
-    if any(v is None for v in first_wrong.values()):
-        raise _NotAttempted("both lines found; now write \"prefill\", \"decode\" or \"never\" for "
-                            "each entry of first_wrong; the checker measures it, and shows the "
-                            "measurement once all four are right")
-    for key, guess in first_wrong.items():
-        if guess not in _PREDICT_CHOICES:
-            raise _Wrong(f"write \"prefill\", \"decode\" or \"never\" for {key!r}; got {guess!r}")
-    measured = {key: _first_wrong_pass(bug, H_kv) for key, (bug, H_kv) in _PREDICT_TESTS.items()}
-    shown = "; ".join(f"{key}: {measured[key]}" for key in keys)
-    off = [key for key in keys if first_wrong[key] != measured[key]]
-    if off:  # name only the wrong guesses and why, not the measured answers
-        verb = "is" if len(off) == 1 else "are"
-        raise _Wrong(f"the lines are right; your guess for {', '.join(map(repr, off))} {verb} off: "
-                     + "; ".join(_distinct(_PREDICT_HINTS[key] for key in off)))
-    return (f"measured: {shown}. A test of a cached step needs a pass of several tokens after "
-            "the prefill (a chunk) and 1 < H_kv < H: the author's test (one pass, H_kv = H) had "
-            "neither.")
+    """``bug_lines``: a list of the buggy lines of ``buggy_llama_step``, pasted as strings, one per
+    bug, in any order. ``first_wrong``: one pair per line, in the same order: for that bug alone,
+    with H_kv = 2 and with H_kv = 1 key/value heads (H = 8 query heads, a prefill of 4 tokens then
+    3 decode steps), ``"prefill"``, ``"decode"`` or ``"never"``: the first pass whose outputs
+    differ from the layer on the whole sequence. The lines are checked first; the checker
+    measures the passes itself, once every guess is in."""
+    kinds = _check_bug_lines(bug_lines)
+    if first_wrong is None:
+        raise _NotAttempted("every bug found; now write, for each line of bug_lines, a pair "
+                            "(H_kv = 2, H_kv = 1) of \"prefill\", \"decode\" or \"never\" into "
+                            "first_wrong; the checker measures it, and shows the measurement once "
+                            "all are right")
+    if (isinstance(first_wrong, str) or not isinstance(first_wrong, (list, tuple))
+            or len(first_wrong) != len(kinds)
+            or any(isinstance(p, str) or not isinstance(p, (list, tuple)) or len(p) != 2
+                   for p in first_wrong)):
+        raise _Wrong(f"first_wrong must be a list of {len(kinds)} pairs, one per line of "
+                     "bug_lines in the same order, each (guess for H_kv = 2, guess for H_kv = 1); "
+                     f"got {first_wrong!r}")
+    for i, pair in enumerate(first_wrong):
+        for guess in pair:
+            if guess not in _PREDICT_CHOICES:
+                raise _Wrong(f"write \"prefill\", \"decode\" or \"never\" in first_wrong[{i}]; "
+                             f"got {guess!r}")
+    off, hints, shown = [], [], []
+    for i, (kind, pair) in enumerate(zip(kinds, first_wrong, strict=True)):
+        measured = [_first_wrong_pass(_BUGS[kind], H_kv) for H_kv in _PREDICT_H_KV]
+        shown.append(f"bug_lines[{i}]: {measured[0]} (H_kv = 2), {measured[1]} (H_kv = 1)")
+        for H_kv, guess, m in zip(_PREDICT_H_KV, pair, measured, strict=True):
+            if guess != m:  # name only the wrong guesses and why, not the measured answers
+                off.append(f"first_wrong[{i}] for H_kv = {H_kv}")
+                hints.append(_PREDICT_HINTS[(kind, H_kv)])
+    if off:
+        raise _Wrong(f"the lines are right; your guess{'es' if len(off) > 1 else ''} "
+                     f"{', '.join(off)} {'are' if len(off) > 1 else 'is'} off: "
+                     + "; ".join(_distinct(hints)))
+    return (f"measured: {'; '.join(shown)}. A test of a cached step needs decode steps, a pass of "
+            "several tokens after the prefill (a chunk) and 1 < H_kv < H: the author's test (one "
+            "pass from an empty cache, H_kv = H) had none of them.")
 
 
 @_checker
@@ -328,7 +353,8 @@ def _roofline(c: dict, mistake: str | None = None, ceiling: bool = False) -> flo
     each cached key/value head once), or with ``ceiling`` its limit for a large batch, as the
     given ``mistake`` would compute it."""
     d = c["D"] // c["H"] if mistake == "head_dim" else c["d"]
-    attention_weights = 2 * c["D"] * c["H"] * d + 2 * c["D"] * c["H_kv"] * d  # q, o; k, v
+    kv_heads = c["H"] if mistake == "kv_weights" else c["H_kv"]
+    attention_weights = 2 * c["D"] * c["H"] * d + 2 * c["D"] * kv_heads * d  # q, o; k, v
     mlp = 0 if mistake == "no_mlp" else 3 * c["D"] * c["F"]
     output_layer = 0 if mistake == "no_output" else c["V"] * c["D"]
     params = (c["L"] * (attention_weights + mlp) + output_layer
@@ -351,6 +377,8 @@ def _roofline(c: dict, mistake: str | None = None, ceiling: bool = False) -> flo
 _ROOF_HINTS = {
     "repeat": "your cache bytes are g = H / H_kv times too many: the kernel here reads each cached "
               "key/value head once for its whole group (H_kv heads, not H)",
+    "kv_weights": "your k_proj and v_proj have one head per query head: with grouped-query "
+                  "attention they project to the H_kv key/value heads only",
     "no_mlp": "the MLP's three matrices (hidden_size x intermediate_size each) are matrix products "
               "too: count their weights",
     "no_output": "the output layer (vocab_size x hidden_size) is a matrix product every step: "

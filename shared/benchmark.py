@@ -417,10 +417,13 @@ def operation_counts(fn: Callable[[], object]) -> Counter:
 def peak_memory(fn: Callable[[], object], device="cpu") -> int | None:
     """Peak bytes allocated by ``fn()`` on ``device`` beyond what was allocated before it.
 
-    CUDA: ``torch.cuda.max_memory_allocated`` after resetting the peak. CPU: :func:`cpu_peak_memory`
-    (the profiler's allocation events). MPS offers no peak counter: ``None``."""
+    CUDA: ``torch.cuda.max_memory_allocated`` after resetting the peak, once a small matrix
+    product has made cuBLAS allocate its workspace (kept for the session, not ``fn``'s memory).
+    CPU: :func:`cpu_peak_memory` (the profiler's allocation events). MPS has no peak counter:
+    ``None``."""
     device = torch.device(device)
     if device.type == "cuda":
+        torch.ones(8, 8, device=device) @ torch.ones(8, 8, device=device)  # cuBLAS workspace
         synchronize(device)
         before = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)

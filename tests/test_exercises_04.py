@@ -27,7 +27,7 @@ def stub(*args, **kwargs):
 
 # 4.1 ------------------------------------------------------------------------------------------
 def mh(X, W_q, W_k, W_v, W_o, num_heads, *, v_view=False, div=None, mask="causal", dim=-1,
-       merge_reshape=False, v_split_noncontig=False):
+       merge="transpose", v_split_noncontig=False):
     """Causal multi-head attention, written the notebook's way, with switches for the mistakes."""
     B, T, _ = X.shape
     Q, K = split_heads(X @ W_q, num_heads), split_heads(X @ W_k, num_heads)
@@ -39,8 +39,11 @@ def mh(X, W_q, W_k, W_v, W_o, num_heads, *, v_view=False, div=None, mask="causal
         scores = scores.masked_fill(~may_attend, float("-inf"))
     elif mask == "inverted":
         scores = scores.masked_fill(may_attend, float("-inf"))
-    context = torch.softmax(scores, dim=dim) @ V
-    return (context.reshape(B, T, -1) if merge_reshape else merge_heads(context)) @ W_o
+    context = torch.softmax(scores, dim=dim) @ V  # (B, H, T, d_v)
+    if merge == "mean":  # each head through its own rows of W_o, then averaged over heads
+        return torch.stack([context[:, h] @ W_o[h * V.shape[-1]:(h + 1) * V.shape[-1]]
+                            for h in range(num_heads)]).mean(dim=0)
+    return (context.reshape(B, T, -1) if merge == "reshape" else merge_heads(context)) @ W_o
 
 
 def mh_ok(X, W_q, W_k, W_v, W_o, num_heads):
@@ -54,17 +57,25 @@ def mh_sdpa_float32(X, W_q, W_k, W_v, W_o, num_heads):
 
 
 def mh_buggy(X, W_q, W_k, W_v, W_o, num_heads):  # the code as shipped in the notebook
-    return mh(X, W_q, W_k, W_v, W_o, num_heads, v_view=True, merge_reshape=True,
+    return mh(X, W_q, W_k, W_v, W_o, num_heads, v_view=True, merge="mean",
               div=lambda X, W_q, W_v, H: math.sqrt(W_q.shape[1]))
 
 
 def mh_only_v_fixed(X, W_q, W_k, W_v, W_o, num_heads):
-    return mh(X, W_q, W_k, W_v, W_o, num_heads, merge_reshape=True,
+    return mh(X, W_q, W_k, W_v, W_o, num_heads, merge="mean",
               div=lambda X, W_q, W_v, H: math.sqrt(W_q.shape[1]))
 
 
-def mh_merge_left(X, W_q, W_k, W_v, W_o, num_heads):
-    return mh(X, W_q, W_k, W_v, W_o, num_heads, merge_reshape=True)
+def mh_merge_left(X, W_q, W_k, W_v, W_o, num_heads):  # the planted mean over heads kept
+    return mh(X, W_q, W_k, W_v, W_o, num_heads, merge="mean")
+
+
+def mh_merge_reshape(X, W_q, W_k, W_v, W_o, num_heads):  # a new mistake: merge without transpose
+    return mh(X, W_q, W_k, W_v, W_o, num_heads, merge="reshape")
+
+
+def mh_concat_then_mean(X, W_q, W_k, W_v, W_o, num_heads):  # "fixed" the mean by concat @ W_o / H
+    return mh(X, W_q, W_k, W_v, W_o, num_heads) / num_heads
 
 
 def mh_scale_d_in(X, W_q, W_k, W_v, W_o, num_heads):
@@ -373,7 +384,8 @@ def buggy_as_in_the_notebook(X, W_q, W_k, W_v, W_o, num_heads):
     scores = Q @ K.transpose(-2, -1) / math.sqrt(W_q.shape[1])
     may_attend = torch.ones(T, T, dtype=torch.bool).tril()
     weights = torch.softmax(scores.masked_fill(~may_attend, float("-inf")), dim=-1)
-    return (weights @ V).reshape(B, T, -1) @ W_o
+    context = weights @ V
+    return (context @ W_o.view(num_heads, context.shape[-1], -1)).mean(dim=1)
 
 
 def _buggy_agrees_with_sdpa(num_heads):
@@ -412,6 +424,8 @@ CASES = [
     (ex.check_fixed_multi_head, (mh_buggy,), False, "3 of the 3 planted bugs are still there"),
     (ex.check_fixed_multi_head, (mh_only_v_fixed,), False, "2 of the 3 planted bugs are still there; look again at the scaling of the scores and at how the heads are joined again"),
     (ex.check_fixed_multi_head, (mh_merge_left,), False, "1 of the 3 planted bugs is still there; look again at how the heads are joined again"),
+    (ex.check_fixed_multi_head, (mh_merge_reshape,), False, "look again at how the heads are joined again"),
+    (ex.check_fixed_multi_head, (mh_concat_then_mean,), False, "1 of the 3 planted bugs is still there; look again at how the heads are joined again"),
     (ex.check_fixed_multi_head, (mh_scale_d_in,), False, "look again at the scaling of the scores"),
     (ex.check_fixed_multi_head, (mh_scale_d_v,), False, "look again at the scaling of the scores"),
     (ex.check_fixed_multi_head, (mh_scale_no_root,), False, "look again at the scaling of the scores"),
@@ -635,7 +649,8 @@ def test_gqa_hints_never_give_the_ratio(capsys):
 
 
 GRADED_4_1 = [
-    (mh_merge_left, "1 of the 3 planted bugs is still there; look again at how the heads are joined again", "1 of the 3 planted bugs is still there; the heads are merged"),
+    (mh_merge_left, "1 of the 3 planted bugs is still there; look again at how the heads are joined again", "num_heads times too small"),
+    (mh_merge_reshape, "look again at how the heads are joined again", "interleaves tokens and heads"),
     (mh_scale_d_in, "look again at the scaling of the scores", "divided by sqrt(d_in)"),
     (mh_scale_d_v, "look again at the scaling of the scores", "divided by sqrt(d_v)"),
     (mh_scale_no_root, "look again at the scaling of the scores", "by d_k without the square root"),

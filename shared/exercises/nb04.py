@@ -188,7 +188,7 @@ def grade_flop_prediction(pred_factor, counted):
 # 4.1 Find the bugs in a multi-head attention function
 # --------------------------------------------------------------------------------------------
 # What each way of computing a piece means, and the hint for each wrong way. The planted bugs are
-# V_SPLIT "view", SCALE "H*d_k" and MERGE "reshape".
+# V_SPLIT "view", SCALE "H*d_k" and MERGE "mean" (per-head W_o blocks, averaged over heads).
 _V_SPLIT = {
     "transpose": None,
     "view": "V is still cut into heads with .view(B, H, T, d_v): that hands each head a slab of "
@@ -227,10 +227,13 @@ _MERGE = {
     "reshape": "the heads are merged with context.reshape(B, T, -1) straight from "
                "(B, H, T, d_v), which interleaves tokens and heads: .transpose(1, 2) back to "
                "(B, T, H, d_v) first, then reshape",
+    "mean": "each head's block of W_o is applied and the heads' terms are then averaged over the "
+            "head axis: the output comes out exactly num_heads times too small. concat @ W_o is "
+            "the SUM of one term per head (section 4), not their mean",
 }
 _VARIANTS = list(itertools.product(_V_SPLIT, _SCALE, _MASK, _SOFTMAX, _MERGE))
 _RIGHT = ("transpose", "sqrt(d_k)", "causal", -1, "transpose")
-_PLANTED = ("view", "sqrt(H*d_k)", "causal", -1, "reshape")
+_PLANTED = ("view", "sqrt(H*d_k)", "causal", -1, "mean")
 # softmax over columns without the mask is what the learner would get by also deleting the mask
 # line; every (v_split, scale, mask, dim, merge) combination gives a different output
 
@@ -260,6 +263,8 @@ def _multi_head_variant(X, W_q, W_k, W_v, W_o, H, v_split, scale, mask, dim, mer
         S = np.where(np.tril(np.ones((T, T), dtype=bool)), S, -np.inf)
     A = _softmax(S, axis=dim)
     ctx = A @ V  # (B, H, T, d_v)
+    if merge == "mean":  # head h's term ctx_h @ W_o(h), then the mean over heads
+        return (ctx @ W_o.reshape(H, d_v, -1)).mean(axis=1)
     if merge == "reshape":
         merged = ctx.reshape(B, T, H * d_v)
     else:
@@ -379,7 +384,8 @@ def check_fixed_multi_head(mha_fixed):
         raise _Wrong(f"the output differs from causal multi-head attention by up to "
                      f"{_maxdiff(got, ref)} (on {where}), and not in a way the checker "
                      "recognises: compare each step's shape with the comments")
-    return "three silent bugs fixed: V's split, the scaling by sqrt(d_k), and the merge."
+    return ("three silent bugs fixed: V's split, the scaling by sqrt(d_k), and the heads' terms "
+            "summed, not averaged.")
 
 
 # --------------------------------------------------------------------------------------------

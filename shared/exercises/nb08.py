@@ -741,8 +741,10 @@ def check_padding_prediction(padding_prediction):
                      "mask": padding_prediction in ("mask", "both")}
         raise _Wrong("think again: " + "; ".join(why[k] for k in predicted
                                                   if predicted[k] != changed[k]))
-    return (f"{shown}. With RoPE, a shift shared by a whole row cancels in every score; with "
-            "learned absolute positions (GPT-2) it would not.")
+    return (f"{shown}. With RoPE, a shift shared by a whole row cancels in every score; learned "
+            "absolute position embeddings (GPT-2, TinyLM) read the positions themselves, so there "
+            "it would not, and with any model padding counted as positions uses up the context "
+            "length sooner: a server gets both right.")
 
 
 @_checker

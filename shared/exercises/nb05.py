@@ -470,7 +470,8 @@ _BLOCK_CASES = (  # (sram_kib, head_dim, dtype): M / (4 d) is not a whole number
 )
 
 
-_ROUND_UP = "Algorithm 1 rounds up: B_c = ceil(M / 4d), not down"
+_ROUND_UP = ("you rounded B_c down, so the four blocks fall short of M: round up to the next whole "
+             "number of rows, as Algorithm 1 does")
 
 
 def _flash_blocks(kib, d, e, kib_bytes=1024, rnd=math.ceil, four=4):
@@ -497,9 +498,9 @@ def check_flash_block_sizes(flash_block_sizes):
         refs.append(_flash_blocks(kib, d, e))
         parts.append((kib, d, e))
     if got == refs:
-        return ("B_c from the SRAM and head_dim alone: batch and heads set how many thread "
-                "blocks run, not their size, so B and H never enter. Rounding up, the four "
-                "blocks overfill M by under 4d elements.")
+        return ("this is line 1 of Algorithm 1: B_c = ceil(M / 4d), B_r = min(B_c, d). Batch and "
+                "heads set how many thread blocks run, not their size, so B and H never enter. "
+                "Rounding up, the four blocks overfill M by under 4d elements.")
     patterns = (
         ("M counts elements of the dtype, not bytes: divide the SRAM's bytes by the bytes per "
          "element", lambda kib, d, e: _flash_blocks(kib, d, 1)),

@@ -425,11 +425,14 @@ CASES = [
     (C.check_silencing_prediction, (40,), "miss", "less than half that"),
     (C.check_silencing_prediction, ("lowest",), False, "not a set's name"),
     (C.check_silencing_prediction, (-2,), False, "is positive"),
-    (C.check_carrier_prediction, ("values",), True, "what they read there does"),
+    (C.check_carrier_prediction, (0.35,), True, "what they read there does"),
     (C.check_carrier_prediction, (None,), None, "my_carrier_guess"),
-    (C.check_carrier_prediction, ("weights",), "miss", "above all the last word's"),
-    (C.check_carrier_prediction, ("both",), False, 'must be "weights" or "values"'),
-    (C.check_carrier_prediction, (["values"],), False, "one string"),
+    (C.check_carrier_prediction, (0.1,), "miss", "above all the last word's"),  # a weights-first guess
+    (C.check_carrier_prediction, (0.25,), "miss", "more than that"),  # half of the heads' share
+    (C.check_carrier_prediction, (0.8,), "miss", "less than that"),
+    (C.check_carrier_prediction, ("values",), False, "not the name of a part"),
+    (C.check_carrier_prediction, (True,), False, "one number"),
+    (C.check_carrier_prediction, (3,), False, "between those"),
     (C.check_weights_values_split, (None,), None, NA),
     (C.check_weights_values_split, ({"weights": 0.1, "values": None},), None, "both shares"),
     (C.check_weights_values_split, ({"weights": 0.1},), False, "must be a dict"),
@@ -525,7 +528,7 @@ PREDICTIONS = [  # (checker, guesses right and wrong); the guesses avoid the mea
     (C.check_punctuation_guess, [{"best head": 0.17, "uniform head": 0.09}, {"best head": 0.9, "uniform head": 0.3},
                                  {"best head": 0.01, "uniform head": 0.01}]),
     (C.check_silencing_prediction, [8, 0.5, 3, 40]),
-    (C.check_carrier_prediction, ["values", "weights"]),
+    (C.check_carrier_prediction, [0.35, 0.1, 0.8]),
 ]
 
 
@@ -770,12 +773,15 @@ def test_weights_values_split_checker(capsys, kind, expected, phrase):
 
 
 def test_weights_values_split_truth():
-    """By hand: the values carry the change (about 0.44 of the vector), the weights almost none,
-    and the carrier prediction checker names "values"."""
+    """By hand: the values carry the change (about 0.44 of the vector), the weights almost none;
+    the carrier prediction checker grades a guess against that hand-derived share."""
     w, v = split_by_hand()
     assert v > 0.4 and abs(w) < 0.05
     m = ex.nb09._split_measurements()
     assert np.allclose(m["right"]["vector"], (w, v), atol=1e-5)
+    for guess, borne_out in ((v - 0.14, True), (v + 0.14, True), (v - 0.16, False), (v + 0.16, False)):
+        result = ex.check_carrier_prediction(guess)  # a miss is recorded, not borne out
+        assert result.passed is True and result.message.startswith("recorded:") is not borne_out, guess
 
 
 def test_split_qkv_reference_on_the_model():

@@ -513,6 +513,19 @@ CASES = [
     (C.check_saved_bytes, saved_v_width_dk, False, "d_v entries"),
     (C.check_saved_bytes, saved_no_heads, False, "not what the graph saves"),
     # 5.4
+    # 5.4 (a) the prediction: B_c for an A100, d = 64, float16 (83,968 elements / 256 = 328)
+    (C.check_flash_block_prediction, 328, True, "four blocks of 328 x 64"),
+    (C.check_flash_block_prediction, 328.0, True, OK),
+    (C.check_flash_block_prediction, None, None, NA),
+    (C.check_flash_block_prediction, 64, False, "query block B_r"),
+    (C.check_flash_block_prediction, 164, False, "2 bytes, not 4"),  # float32's 4 bytes
+    (C.check_flash_block_prediction, 321, False, "1024 bytes, not 1000"),  # 164,000 / 2 / 256 = 320.3
+    (C.check_flash_block_prediction, 320, False, "1024 bytes, not 1000"),
+    (C.check_flash_block_prediction, 656, False, "twice B_c"),  # bytes / (4 d), or elements / (2 d)
+    (C.check_flash_block_prediction, 1312, False, "whole SRAM"),  # elements / d
+    (C.check_flash_block_prediction, 2624, False, "whole SRAM"),  # bytes / d
+    (C.check_flash_block_prediction, 327, False, "four blocks of B_c x 64 fill it"),
+    (C.check_flash_block_prediction, "328", False, "not a string"),
     (C.check_flash_block_sizes, blocks_ok, True, "line 1 of Algorithm 1: B_c = ceil(M / 4d)"),
     (C.check_flash_block_sizes, stub, None, NA),
     (C.check_flash_block_sizes, blocks_bytes, False, "not bytes"),

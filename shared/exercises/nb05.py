@@ -40,6 +40,7 @@ __all__ = [
     "check_merge_partials",
     "check_training_peak",
     "check_saved_bytes",
+    "check_flash_block_prediction",
     "check_flash_block_sizes",
     "check_largest_head_dim",
     "check_halving_prediction",
@@ -478,6 +479,35 @@ def _flash_blocks(kib, d, e, kib_bytes=1024, rnd=math.ceil, four=4):
     M = kib * kib_bytes // e  # SRAM size in elements
     B_c = rnd(M / (four * d))
     return min(B_c, d), B_c
+
+
+@_checker
+def check_flash_block_prediction(block_prediction):
+    """``block_prediction``: the key block ``B_c`` for an A100 (164 KiB of shared memory per SM)
+    at ``d = 64`` in float16, predicted before coding: ``M / (4 d) = 83,968 / 256 = 328`` rows
+    exactly, so no rounding rule is involved."""
+    if block_prediction is None:
+        raise _NotAttempted("write your prediction of B_c (rows) in block_prediction")
+    pred = _number(block_prediction, "your B_c")
+    right = _flash_blocks(164, 64, 2)[1]  # 328
+    if pred == right:
+        return (f"B_c = {right}: four blocks of {right} x 64 float16 elements fill 164 KiB "
+                "exactly. Now write the rule for any SRAM, head size and dtype.")
+    if pred == min(right, 64):
+        raise _Wrong("64 is the query block B_r, capped at d; the key block B_c is the one the "
+                     "SRAM sizes")
+    if pred == _flash_blocks(164, 64, 4)[1]:
+        raise _Wrong("a float16 element takes 2 bytes, not 4")
+    if pred in (_flash_blocks(164, 64, 2, 1000)[1], _flash_blocks(164, 64, 2, 1000, math.floor)[1]):
+        raise _Wrong("1 KiB is 1024 bytes, not 1000")
+    if pred == 2 * right:  # bytes with four blocks, or elements with two: the same number
+        raise _Wrong("that is twice B_c: M counts float16 elements (2 bytes each), and all four "
+                     "blocks, Q_i, O_i, K_j and V_j, share it")
+    if pred in (4 * right, 8 * right):
+        raise _Wrong("that gives one block the whole SRAM (or counts bytes, not elements): four "
+                     "blocks of B_c x d float16 elements share M")
+    raise _Wrong("count the SRAM in float16 elements, M, and find the B_c at which four blocks of "
+                 "B_c x 64 fill it")
 
 
 @_checker

@@ -136,7 +136,8 @@ class TransformersLlamaAttention:
         T_new = x.shape[1]
         start = 0 if cache is None else cache.get_seq_length()
         positions = torch.arange(start, start + T_new)
-        visible = positions_mask(positions, torch.arange(start + T_new))  # (T_new, T_k), bottom-right
+        # (T_new, T_k), bottom-right causal
+        visible = positions_mask(positions, torch.arange(start + T_new))
         additive = torch.zeros(visible.shape).masked_fill(~visible, float("-inf"))[None, None]
         out, _ = self.layer(x, self.rotary(x, positions[None]), additive, past_key_values=cache)
         return out
@@ -149,8 +150,8 @@ def transformers_llama_attention(hidden_size: int, num_heads: int, num_kv_heads:
     try:
         import transformers
     except ImportError:
-        print("SKIPPED: the comparison with transformers' LlamaAttention did not run: transformers is "
-              "not installed (pip install 'transformers>=5'); only the course's own checks run.")
+        print("SKIPPED: the comparison with transformers' LlamaAttention did not run: "
+              "transformers is not installed (pip install 'transformers>=5'); only the course's own checks run.")
         return None
     major = int(transformers.__version__.split(".")[0])
     if major < 5:

@@ -151,7 +151,8 @@ def transformers_llama_attention(hidden_size: int, num_heads: int, num_kv_heads:
         import transformers
     except ImportError:
         print("SKIPPED: the comparison with transformers' LlamaAttention did not run: "
-              "transformers is not installed (pip install 'transformers>=5'); only the course's own checks run.")
+              "transformers is not installed (pip install 'transformers>=5'); only the "
+              "course's own checks run.")
         return None
     major = int(transformers.__version__.split(".")[0])
     if major < 5:

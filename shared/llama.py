@@ -21,7 +21,7 @@ from shared.generation import KVCache, _check_groups, gqa_attention, positions_m
 from shared.modules import _check_positive_int, _check_x
 from shared.positional import apply_rope
 
-__all__ = ["LlamaStyleAttention"]
+__all__ = ["LlamaStyleAttention", "TransformersLlamaAttention", "transformers_llama_attention"]
 
 
 class LlamaStyleAttention(nn.Module):
@@ -92,3 +92,72 @@ class LlamaStyleAttention(nn.Module):
         context, weights = gqa_attention(Q, K, V, mask)  # (B, num_heads, T_new, head_dim)
         out = self.o_proj(context.transpose(1, 2).reshape(B, T_new, self.num_heads * self.head_dim))
         return (out, weights) if return_weights else out
+
+
+class TransformersLlamaAttention:
+    """Hugging Face ``transformers``' ``LlamaAttention`` (eager path, random weights), called like
+    ``LlamaStyleAttention``: ``ref(x, cache)`` with x ``(B, T_new, hidden_size)`` returns
+    ``(B, T_new, hidden_size)``; without a cache the tokens sit at positions ``0..T_new-1``, with
+    one (from ``new_cache()``, a ``DynamicCache``) at the next ``T_new`` positions after those it
+    holds. It builds what ``LlamaAttention`` takes besides ``x``: RoPE's cosines and sines from
+    ``LlamaRotaryEmbedding`` and an additive bottom-right causal mask ``(1, 1, T_new, T_k)``.
+    Needs ``transformers >= 5`` (its call signature and cache layout); see
+    ``transformers_llama_attention``.
+    """
+
+    def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int,
+                 rope_base: float = 10000.0, seed: int = 0):
+        from transformers import DynamicCache, LlamaConfig
+        from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
+
+        self._DynamicCache = DynamicCache
+        self.config = LlamaConfig(hidden_size=hidden_size, num_attention_heads=num_heads,
+                                  num_key_value_heads=num_kv_heads, rope_theta=rope_base,
+                                  attention_bias=False, attn_implementation="eager")
+        torch.manual_seed(seed)
+        self.layer = LlamaAttention(self.config, layer_idx=0).eval()
+        self.rotary = LlamaRotaryEmbedding(self.config)
+
+    def state_dict(self):
+        """The layer's weights: ``q_proj``, ``k_proj``, ``v_proj``, ``o_proj`` (no biases)."""
+        return self.layer.state_dict()
+
+    def new_cache(self):
+        """An empty ``transformers.DynamicCache``."""
+        return self._DynamicCache(config=self.config)
+
+    @staticmethod
+    def cached_keys(cache) -> torch.Tensor:
+        """The keys a ``DynamicCache`` holds for this layer, ``(B, H_kv, T, head_dim)``."""
+        return cache.layers[0].keys
+
+    @torch.no_grad()
+    def __call__(self, x: torch.Tensor, cache=None) -> torch.Tensor:
+        T_new = x.shape[1]
+        start = 0 if cache is None else cache.get_seq_length()
+        positions = torch.arange(start, start + T_new)
+        # (T_new, T_k), bottom-right causal
+        visible = positions_mask(positions, torch.arange(start + T_new))
+        additive = torch.zeros(visible.shape).masked_fill(~visible, float("-inf"))[None, None]
+        out, _ = self.layer(x, self.rotary(x, positions[None]), additive, past_key_values=cache)
+        return out
+
+
+def transformers_llama_attention(hidden_size: int, num_heads: int, num_kv_heads: int,
+                                 rope_base: float = 10000.0, seed: int = 0):
+    """``TransformersLlamaAttention(...)``, or ``None`` after printing one sentence that says which
+    comparison will not run and why (``transformers`` missing, or older than version 5)."""
+    try:
+        import transformers
+    except ImportError:
+        print("SKIPPED: the comparison with transformers' LlamaAttention did not run: "
+              "transformers is not installed (pip install 'transformers>=5'); only the "
+              "course's own checks run.")
+        return None
+    major = int(transformers.__version__.split(".")[0])
+    if major < 5:
+        print(f"SKIPPED: the comparison with transformers' LlamaAttention did not run: it needs "
+              f"transformers >= 5 (its call signature and cache layout), found "
+              f"{transformers.__version__}; only the course's own checks run.")
+        return None
+    return TransformersLlamaAttention(hidden_size, num_heads, num_kv_heads, rope_base, seed)

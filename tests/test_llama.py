@@ -92,3 +92,35 @@ def test_errors(call, error, match):
 
 def test_cache_type_is_the_course_cache():
     assert isinstance(LlamaStyleAttention(8, 2).new_cache(), KVCache)
+
+
+def test_transformers_wrapper_matches_ours_at_once_and_cached():
+    """The notebook's wrapper against the direct calls above: the same numbers, through its cache too."""
+    from shared.llama import TransformersLlamaAttention
+
+    ref = TransformersLlamaAttention(64, 8, 2, rope_base=10000.0, seed=3)
+    _, theirs, rope, _ = pair(64, 8, 2, seed=3)
+    x = torch.randn(2, 7, 64, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        direct, _ = theirs(x, rope(x, torch.arange(7)[None]), additive(7, 7))
+    assert torch.equal(ref(x), direct)
+    cache = ref.new_cache()
+    stepped = torch.cat([ref(x[:, a:b], cache) for a, b in ((0, 4), (4, 6), (6, 7))], dim=1)
+    assert torch.allclose(stepped, direct, atol=1e-5)
+    assert ref.cached_keys(cache).shape == (2, 2, 7, 8)
+
+
+def test_transformers_reference_skips_loudly_on_old_versions(monkeypatch, capsys):
+    from shared.llama import transformers_llama_attention
+
+    assert transformers_llama_attention(16, 2, 1) is not None  # the installed version is >= 5
+    capsys.readouterr()
+    import sys
+
+    monkeypatch.setattr(sys.modules["transformers"], "__version__", "4.57.1")  # the module transformers left there
+    assert transformers_llama_attention(16, 2, 1) is None
+    printed = capsys.readouterr().out
+    assert "SKIPPED" in printed and "transformers >= 5" in printed and "4.57.1" in printed
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers now raises ImportError
+    assert transformers_llama_attention(16, 2, 1) is None
+    assert "SKIPPED" in capsys.readouterr().out

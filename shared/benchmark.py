@@ -46,6 +46,7 @@ __all__ = [
     "peak_memory",
     "cpu_peak_memory",
     "aten_ops",
+    "op_self_ms",
     "operation_count",
     "operation_counts",
     "sdpa_backends",
@@ -368,6 +369,18 @@ def aten_ops(fn: Callable[[], object], prefix: str = "aten::") -> list[str]:
     with _quiet_stderr(), torch.profiler.profile() as prof:
         fn()
     return sorted({e.key for e in prof.key_averages() if e.key.startswith(prefix)})
+
+
+def op_self_ms(fn: Callable[[], object], prefix: str = "aten::") -> dict[str, float]:
+    """Where one call ``fn()`` spends its time: ``{operator name: self time in ms}`` for the
+    operators whose names start with ``prefix``, from ``torch.profiler`` (self time excludes the
+    operators an operator calls, so the values add up to the call's total without double
+    counting). One call, so the numbers are as noisy as one timing: compare shares, not values."""
+    _check_callable(fn)
+    with _quiet_stderr(), torch.profiler.profile() as prof:
+        fn()
+    return {e.key: e.self_cpu_time_total / 1e3 for e in prof.key_averages()
+            if e.key.startswith(prefix)}
 
 
 def operation_count(fn: Callable[[], object]) -> int:

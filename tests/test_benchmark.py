@@ -28,6 +28,7 @@ from shared.benchmark import (
     naive_peak_bytes,
     naive_score_bytes,
     numpy_threads,
+    op_self_ms,
     operation_count,
     peak_memory,
     pick_device,
@@ -174,9 +175,21 @@ def test_aten_ops_names_the_operators_that_ran():
     assert aten_ops(lambda: a @ a, prefix="aten::mm") == ["aten::mm"]
 
 
+def test_op_self_ms_finds_where_the_time_goes():
+    a, small = torch.randn(256, 256), torch.randn(4, 4)
+    times = op_self_ms(lambda: (a @ a @ a @ a, small + 1))  # three 256^3 products, one tiny add
+    assert set(times) >= {"aten::mm", "aten::add"}
+    assert all(t >= 0 for t in times.values())
+    assert times["aten::mm"] > times["aten::add"]  # 3 x 33 MFLOP vs 16 additions
+    assert list(op_self_ms(lambda: a @ a, prefix="aten::mm")) == ["aten::mm"]
+    with pytest.raises(TypeError, match="callable"):
+        op_self_ms(a)
+
+
 def test_profiling_prints_nothing(capfd):
     cpu_peak_memory(lambda: torch.empty(10))
     aten_ops(lambda: torch.empty(10))
+    op_self_ms(lambda: torch.empty(10))
     out, err = capfd.readouterr()
     assert out == "" and err == ""
 

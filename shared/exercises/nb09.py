@@ -46,12 +46,13 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 # Section 8: a prediction typed in the teaching cell (not an exercise: not in __all__)
 # --------------------------------------------------------------------------------------------
-_SWITCH_OPTIONS = ("the right way, beyond chance", "no systematic direction", "the wrong way, beyond chance")
+_SWITCH_OPTIONS = ("the right way, beyond chance", "no systematic direction",
+                   "the wrong way, beyond chance")
 _SIGN_TEST_LEVEL = 0.05  # two-sided sign test on the 7 pairs: only 7-0 or 0-7 falls below it
 
 
 def _sign_test(k: int, n: int) -> float:
-    """Two-sided sign test: the chance that a fair coin gives a split of n at least as lopsided as k."""
+    """Two-sided sign test: the chance that a fair coin splits n at least as lopsidedly as k."""
     tail = sum(math.comb(n, i) for i in range(min(k, n - k) + 1)) / 2 ** n
     return min(1.0, 2 * tail)
 
@@ -957,8 +958,9 @@ def check_carrier_prediction(my_carrier_guess):
                      f"the name of a part; got {my_carrier_guess!r}")
     guess = float(my_carrier_guess)
     if not -1 <= guess <= 2:
-        raise _Wrong(f"my_carrier_guess is {guess:g}: a share of the change of 'it' is 0 when nothing is "
-                     "restored and 1 when all of it is; write a number between those, roughly")
+        raise _Wrong(f"my_carrier_guess is {guess:g}: a share of the change of 'it' is 0 when "
+                     "nothing is restored and 1 when all of it is; write a number between those, "
+                     "roughly")
     values_share = _split_measurements()["right"]["vector"][1]
     if guess < values_share - _CARRIER_TOL:
         raise _Missed(f"recorded: you guessed {guess:g}; the values alone restore more than that. "

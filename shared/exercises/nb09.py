@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import math
 import numbers
 
 import numpy as np
@@ -45,18 +46,25 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 # Section 8: a prediction typed in the teaching cell (not an exercise: not in __all__)
 # --------------------------------------------------------------------------------------------
-_SWITCH_OPTIONS = ("right way more often", "as often each way", "wrong way more often")
-_NO_SWITCH = 1e-3  # a pair whose two best margins are both below this has no switch
+_SWITCH_OPTIONS = ("the right way, beyond chance", "no systematic direction",
+                   "the wrong way, beyond chance")
+_SIGN_TEST_LEVEL = 0.05  # two-sided sign test on the 7 pairs: only 7-0 or 0-7 falls below it
+
+
+def _sign_test(k: int, n: int) -> float:
+    """Two-sided sign test: the chance that a fair coin splits n at least as lopsidedly as k."""
+    tail = sum(math.comb(n, i) for i in range(min(k, n - k) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
 
 
 @_checker
 def grade_switch_prediction(pred_which_way, right, wrong):
     """Section 8: ``pred_which_way``, whether over the 7 Winograd pairs the best right-way margin
-    beats the best wrong-way one in more pairs than the reverse: "right way more often", "as often
-    each way" or "wrong way more often". A pair whose two best margins are both below 0.001 counts
-    for neither. ``right``, ``wrong``: 7 numbers each, per pair the best margin over the heads of a
-    switch toward the noun each sentence means, and toward the other noun. "not attempted yet"
-    while the prediction is still ``...`` or None."""
+    beats the best wrong-way one systematically: "the right way, beyond chance", "no systematic
+    direction" or "the wrong way, beyond chance", judged by a two-sided sign test on the pairs
+    (p < 0.05, which needs 7-0 or 0-7). ``right``, ``wrong``: 7 numbers each, per pair the best
+    margin over the heads of a switch toward the noun each sentence means, and toward the other
+    noun. "not attempted yet" while the prediction is still ``...`` or None."""
     if pred_which_way is ... or pred_which_way is None:
         raise _NotAttempted("type your prediction in pred_which_way (the cell above) and run both "
                             "cells again; it is graded against the margins printed here")
@@ -66,14 +74,14 @@ def grade_switch_prediction(pred_which_way, right, wrong):
     if not isinstance(pred_which_way, str) or pred_which_way not in _SWITCH_OPTIONS:
         raise _Wrong(f"pred_which_way must be one of {', '.join(map(repr, _SWITCH_OPTIONS))}; "
                      f"got {pred_which_way!r}")
-    switch = np.maximum(right, wrong) >= _NO_SWITCH
-    wins, losses = int((switch & (right > wrong)).sum()), int((switch & (right <= wrong)).sum())
-    truth = _SWITCH_OPTIONS[0 if wins > losses else 1 if wins == losses else 2]
-    said = (f"you predicted {pred_which_way!r}; measured: the right way wins {wins} pairs, the "
-            f"wrong way {losses}, no switch {7 - wins - losses}")
+    wins = int((right > wrong).sum())
+    p = _sign_test(wins, 7)
+    truth = _SWITCH_OPTIONS[1 if p >= _SIGN_TEST_LEVEL else 0 if wins > 3 else 2]
+    said = (f"you predicted {pred_which_way!r}; measured: the right way wins {wins} of 7 pairs, "
+            f"two-sided sign test p = {p:.2f}")
     if pred_which_way != truth:
-        raise _Wrong(f"{said}. If no head tracked the referent, a switch would go either way, "
-                     "each way about as often: compare your guess with that")
+        raise _Wrong(f"{said}. A fair coin gives 2 to 5 of 7 in 88% of draws; only 7-0 or 0-7 "
+                     "is below p = 0.05: compare the count with that")
     return said + ", as you said"
 
 
@@ -950,8 +958,9 @@ def check_carrier_prediction(my_carrier_guess):
                      f"the name of a part; got {my_carrier_guess!r}")
     guess = float(my_carrier_guess)
     if not -1 <= guess <= 2:
-        raise _Wrong(f"my_carrier_guess is {guess:g}: a share of the change of 'it' is 0 when nothing is "
-                     "restored and 1 when all of it is; write a number between those, roughly")
+        raise _Wrong(f"my_carrier_guess is {guess:g}: a share of the change of 'it' is 0 when "
+                     "nothing is restored and 1 when all of it is; write a number between those, "
+                     "roughly")
     values_share = _split_measurements()["right"]["vector"][1]
     if guess < values_share - _CARRIER_TOL:
         raise _Missed(f"recorded: you guessed {guess:g}; the values alone restore more than that. "

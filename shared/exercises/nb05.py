@@ -2,12 +2,12 @@
 
 5.1 predict what a buggy timing loop reports, then fix it (judged from a simulated GPU's event
 log, ``shared.benchmark.SimulatedGPU``); 5.2 merge two partial online-softmax states (split-K, as
-Flash-Decoding does); 5.3 the graph's lower bound on naive attention's forward + backward peak, in
-score matrices (the notebook then measures the real peak), and a prediction of that peak for the
-textbook chain without the ``nan_to_num`` guard; 5.4 FlashAttention's block sizes from an
-SRAM budget, and the largest head size whose tiles, score tile included, fit; 5.5 predict how
-halving the tile loop's block changes its operations and its memory, then choose the block of
-least overhead within a memory budget.
+Flash-Decoding does); 5.3 predict naive attention's forward + backward peak, in score matrices,
+with the ``nan_to_num`` guard's backward temporaries (the notebook then measures it), and the bytes
+its graph saves; 5.4 predict how FlashAttention's blocks change from float16 to float32, the block
+sizes from an SRAM budget, and the largest head size whose tiles, score tile included, fit; 5.5
+predict how halving the tile loop's block changes its operations and its memory, then choose the
+block of least overhead within a memory budget.
 
 References are computed before the learner's code runs; answers computed in float32 are accepted
 (float32 tolerances); numbers must be numbers (text that reads as one is rejected).
@@ -314,7 +314,7 @@ def check_merge_partials(merge_partials):
 
 
 # --------------------------------------------------------------------------------------------
-# 5.3 The graph's lower bound on naive attention's forward + backward peak (score matrices)
+# 5.3 (a) Naive attention's forward + backward peak with the nan_to_num guard (score matrices)
 # --------------------------------------------------------------------------------------------
 def _dtype_bytes(dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
@@ -342,44 +342,60 @@ def _training_peak_limit(dtype=torch.float32) -> float:
 
 
 @_checker
-def check_training_peak(training_peak_bound):
-    """``training_peak_bound``: the lower bound, in ``(B, H, T, T)`` float32 score matrices, that
-    the autograd graph of naive attention (``softmax(Q K^T / sqrt(d)).nan_to_num() @ V``) puts on
-    the peak of one forward + backward call as ``T`` grows: the ``T x T`` tensors that must be
-    alive together (saved for a later step, the gradient arriving at a step, the one it makes).
-    Temporaries inside a backward formula are not part of the bound (the notebook measures them)."""
-    if training_peak_bound is None:
-        raise _NotAttempted("write your bound in training_peak_bound (a number of score "
+def check_training_peak(training_peak_prediction):
+    """``training_peak_prediction``: the peak of one forward + backward call of naive attention
+    (``softmax(Q K^T / sqrt(d)).nan_to_num() @ V``), in ``(B, H, T, T)`` float32 score matrices
+    as ``T`` grows. The graph forces three ``T x T`` tensors at every backward step (a saved
+    tensor still needed later, the gradient arriving, the gradient made); at ``nan_to_num``'s
+    step the formula ``grad * isfinite(P)`` adds the bool mask (1/4) and its float32 copy (1):
+    4.25, the value the notebook measures (tests/test_exercises_05.py checks it)."""
+    if training_peak_prediction is None:
+        raise _NotAttempted("write your prediction in training_peak_prediction (a number of score "
                             "matrices); the measurement is shown once it is filled in")
-    pred = _number(training_peak_bound, "the number of score matrices")
+    pred = _number(training_peak_prediction, "the number of score matrices")
     if pred < 0:
         raise _Wrong("memory is not negative: count the T x T tensors alive together")
-    if abs(pred - round(pred)) > 0.01:
-        raise _Wrong("count whole T x T tensors: the (B, H, T, d) ones (Q, K, V, the output and "
+    quarters = 4 * pred
+    if abs(quarters - round(quarters)) > 0.04:
+        raise _Wrong("count in quarters of a score matrix: a bool element takes 1 byte, a quarter "
+                     "of a float32 one, and the (B, H, T, d) tensors (Q, K, V, the output and "
                      "their gradients) are d / T of a score matrix and vanish as T grows")
-    n = round(pred)
-    if n == 3:
-        return ("at every backward step three T x T tensors are alive: P (saved until "
-                "softmax's backward has run), the gradient arriving at the step and the gradient "
-                "it makes (at P @ V's step the arriving gradient is small and the cleaned "
-                "weights, still saved, take its place). Now measure what PyTorch really holds.")
-    if n == 0:
-        raise _Wrong("the backward pass of naive attention works on T x T tensors: the saved "
-                     "weights and the gradients with respect to them are all T x T")
-    if n == 1:
-        raise _Wrong("one saved tensor is not the worst moment: a backward step also holds the "
-                     "T x T gradient it receives while it builds the one it passes on")
-    if n == 2:
-        raise _Wrong("you left one tensor out: a step cannot free the gradient it receives "
-                     "before the one it makes exists, and a tensor saved for a LATER step "
-                     "(which one is still needed at nan_to_num's backward?) is alive meanwhile")
-    if n in (4, 5):
-        raise _Wrong("you counted a tensor the graph frees or never keeps: softmax's backward "
+    q = round(quarters)
+    if q == 17:
+        return ("at nan_to_num's backward step the gradient arriving (1), P saved for the "
+                "softmax's backward (1), the bool mask isfinite(P) (1/4), its float32 copy made "
+                "for the product (1) and the gradient it makes (1) are alive together. Without "
+                "the guard the chain's peak is the graph's three. Now measure both.")
+    if q == 12:
+        raise _Wrong("that is the graph's count without the guard's own temporaries: the product "
+                     "grad * isfinite(P) needs its mask, and the cast of the mask, while the "
+                     "tensors of that step are alive")
+    if q == 16:
+        raise _Wrong("a quarter short: the bool mask isfinite(P) is still alive while its float32 "
+                     "copy and the product are made")
+    if q == 13:
+        raise _Wrong("one float32 score matrix short: list every T x T tensor alive while "
+                     "nan_to_num's backward makes its result: what it receives, what is saved for "
+                     "a later step, and what grad * isfinite(P) needs (a bool tensor times a float "
+                     "one is computed in float32)")
+    if q == 20:
+        raise _Wrong("the mask isfinite(P) is bool: 1 byte per element, a quarter of a float32 "
+                     "score matrix, not a whole one")
+    if q in (21, 25):
+        raise _Wrong("you counted a tensor the graph frees or never keeps: the softmax's backward "
                      "needs only its output P (the scaled scores are never saved), and the "
-                     "cleaned weights are freed once P @ V's backward has made its gradients. "
-                     "Temporaries built inside a backward formula are not part of the bound")
-    raise _Wrong("every large tensor is T x T, so the count in score matrices does not grow "
-                 "with T: at one moment only a few are alive together")
+                     "cleaned weights are freed once P @ V's backward has made its gradients")
+    if q < 12:
+        raise _Wrong("too few: a backward step cannot free the gradient it receives before the "
+                     "one it makes exists, and a tensor saved for a LATER step (which one is "
+                     "still needed at nan_to_num's backward?) is alive meanwhile; then add the "
+                     "guard's own temporaries")
+    if q > 25:
+        raise _Wrong("every large tensor is T x T, so the count in score matrices does not grow "
+                     "with T: at one moment only a few are alive together")
+    raise _Wrong("find the worst backward step and list the T x T tensors alive during it: what "
+                 "it receives, what is saved for a later step, what it makes, and the guard's "
+                 "temporaries, each in float32 score matrices (a bool tensor counts 1/4)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -483,31 +499,45 @@ def _flash_blocks(kib, d, e, kib_bytes=1024, rnd=math.ceil, four=4):
 
 @_checker
 def check_flash_block_prediction(block_prediction):
-    """``block_prediction``: the key block ``B_c`` for an A100 (164 KiB of shared memory per SM)
-    at ``d = 64`` in float16, predicted before coding: ``M / (4 d) = 83,968 / 256 = 328`` rows
-    exactly, so no rounding rule is involved."""
+    """``block_prediction``: ``(B_r factor, B_c factor)``, each the block in float32 divided by the
+    block in float16, for an A100 (164 KiB of shared memory per SM) at ``d = 128``. float16:
+    ``M = 83,968``, ``B_c = 164``, ``B_r = min(164, 128) = 128``; float32: ``M = 41,984``,
+    ``B_c = 82``, ``B_r = 82``: factors ``(82 / 128, 1 / 2)``. The cap binds in one dtype only."""
     if block_prediction is None:
-        raise _NotAttempted("write your prediction of B_c (rows) in block_prediction")
-    pred = _number(block_prediction, "your B_c")
-    right = _flash_blocks(164, 64, 2)[1]  # 328
-    if pred == right:
-        return (f"B_c = {right}: four blocks of {right} x 64 float16 elements fill 164 KiB "
-                "exactly. Now write the rule for any SRAM, head size and dtype.")
-    if pred == min(right, 64):
-        raise _Wrong("64 is the query block B_r, capped at d; the key block B_c is the one the "
-                     "SRAM sizes")
-    if pred == _flash_blocks(164, 64, 4)[1]:
-        raise _Wrong("a float16 element takes 2 bytes, not 4")
-    if pred in (_flash_blocks(164, 64, 2, 1000)[1], _flash_blocks(164, 64, 2, 1000, math.floor)[1]):
-        raise _Wrong("1 KiB is 1024 bytes, not 1000")
-    if pred == 2 * right:  # bytes with four blocks, or elements with two: the same number
-        raise _Wrong("that is twice B_c: M counts float16 elements (2 bytes each), and all four "
-                     "blocks, Q_i, O_i, K_j and V_j, share it")
-    if pred in (4 * right, 8 * right):
-        raise _Wrong("that gives one block the whole SRAM (or counts bytes, not elements): four "
-                     "blocks of B_c x d float16 elements share M")
-    raise _Wrong("count the SRAM in float16 elements, M, and find the B_c at which four blocks of "
-                 "B_c x 64 fill it")
+        raise _NotAttempted("write (B_r factor, B_c factor) in block_prediction")
+    try:
+        f_r, f_c = (_number(x, "each factor") for x in block_prediction)
+    except (TypeError, ValueError):
+        raise _Wrong("write two numbers, (B_r factor, B_c factor); got "
+                     f"{block_prediction!r:.60}") from None
+    (r16, c16), (r32, c32) = _flash_blocks(164, 128, 2), _flash_blocks(164, 128, 4)
+    right_r, right_c = r32 / r16, c32 / c16  # 0.640625, 0.5
+
+    def near(a, b):
+        return abs(a - b) < 0.005
+
+    if near(f_r, right_r) and near(f_c, right_c):
+        return (f"float16: B_c = {c16}, B_r = min({c16}, 128) = {r16}, the cap binding; float32: "
+                f"B_c = {c32}, now below d, so B_r = {r32}. Now write the rule for any SRAM, head "
+                "size and dtype.")
+    if near(f_r, right_c) and near(f_c, right_r):
+        raise _Wrong("the order is (B_r factor, B_c factor): the query block first")
+    if f_r > 1.001 or f_c > 1.001:
+        raise _Wrong("a float32 element takes twice the bytes, so the same SRAM holds fewer "
+                     "elements: a factor is the float32 block divided by the float16 one, not "
+                     "the other way round")
+    if near(f_c, 1):
+        raise _Wrong("M counts elements, not bytes: 4-byte elements halve M, and B_c with it")
+    if not near(f_c, right_c):
+        raise _Wrong("B_c is proportional to M, the SRAM in elements: find how M changes when "
+                     "an element takes 4 bytes instead of 2")
+    if near(f_r, 1):
+        raise _Wrong("B_r is capped at d, but the cap binds only while B_c is at least d: "
+                     "compute B_c at d = 128 in both dtypes and compare it with d")
+    if near(f_r, right_c):
+        raise _Wrong("B_r = min(B_c, d) does not simply follow B_c: in float16 at d = 128, "
+                     "which of the two sets B_r?")
+    raise _Wrong("compute both blocks in both dtypes: B_c from M / (4 d), then B_r = min(B_c, d)")
 
 
 @_checker

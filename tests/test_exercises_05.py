@@ -492,10 +492,12 @@ CASES = [
     # 5.3 (a lower bound from the graph; the notebook then measures the real peak)
     (C.check_training_peak, PEAK_GUARDED, True, "Now measure both"),
     (C.check_training_peak, 4.25, True, OK),
+    (C.check_training_peak, PEAK_GUARDED, True, "float32 copy made on a CPU"),
     (C.check_training_peak, None, None, NA),
     (C.check_training_peak, PEAK_GRAPH_ONLY, False, "without the guard's own temporaries"),
     (C.check_training_peak, PEAK_NO_MASK, False, "a quarter short"),
     (C.check_training_peak, PEAK_NO_CAST, False, "one float32 score matrix short"),
+    (C.check_training_peak, PEAK_NO_CAST, False, "on a CPU, a bool tensor times a float one is first copied"),
     (C.check_training_peak, PEAK_MASK_AS_FLOAT, False, "1 byte per element"),
     (C.check_training_peak, PEAK_WITH_SCORES, False, "scaled scores are never saved"),
     (C.check_training_peak, PEAK_TWO_GRADIENTS, False, "too few"),

@@ -345,10 +345,12 @@ def _training_peak_limit(dtype=torch.float32) -> float:
 def check_training_peak(training_peak_prediction):
     """``training_peak_prediction``: the peak of one forward + backward call of naive attention
     (``softmax(Q K^T / sqrt(d)).nan_to_num() @ V``), in ``(B, H, T, T)`` float32 score matrices
-    as ``T`` grows. The graph forces three ``T x T`` tensors at every backward step (a saved
-    tensor still needed later, the gradient arriving, the gradient made); at ``nan_to_num``'s
-    step the formula ``grad * isfinite(P)`` adds the bool mask (1/4) and its float32 copy (1):
-    4.25, the value the notebook measures (tests/test_exercises_05.py checks it)."""
+    as ``T`` grows, on a CPU. The graph forces three ``T x T`` tensors at every backward step (a
+    saved tensor still needed later, the gradient arriving, the gradient made); at ``nan_to_num``'s
+    step the formula ``grad * isfinite(P)`` adds the bool mask (1/4) and, on a CPU, its float32
+    copy (1): 4.25, the value the notebook measures on a CPU (tests/test_exercises_05.py checks
+    it). A CUDA kernel converts the mask as it reads it, without the copy; the graded answer is
+    the CPU's."""
     if training_peak_prediction is None:
         raise _NotAttempted("write your prediction in training_peak_prediction (a number of score "
                             "matrices); the measurement is shown once it is filled in")
@@ -364,20 +366,20 @@ def check_training_peak(training_peak_prediction):
     if q == 17:
         return ("at nan_to_num's backward step the gradient arriving (1), P saved for the "
                 "softmax's backward (1), the bool mask isfinite(P) (1/4), its float32 copy made "
-                "for the product (1) and the gradient it makes (1) are alive together. Without "
-                "the guard the chain's peak is the graph's three. Now measure both.")
+                "on a CPU for the product (1) and the gradient it makes (1) are alive together. "
+                "Without the guard the chain's peak is the graph's three. Now measure both.")
     if q == 12:
         raise _Wrong("that is the graph's count without the guard's own temporaries: the product "
-                     "grad * isfinite(P) needs its mask, and the cast of the mask, while the "
-                     "tensors of that step are alive")
+                     "grad * isfinite(P) needs its mask, and on a CPU the cast of the mask, "
+                     "while the tensors of that step are alive")
     if q == 16:
         raise _Wrong("a quarter short: the bool mask isfinite(P) is still alive while its float32 "
-                     "copy and the product are made")
+                     "copy (made on a CPU) and the product are made")
     if q == 13:
         raise _Wrong("one float32 score matrix short: list every T x T tensor alive while "
                      "nan_to_num's backward makes its result: what it receives, what is saved for "
-                     "a later step, and what grad * isfinite(P) needs (a bool tensor times a float "
-                     "one is computed in float32)")
+                     "a later step, and what grad * isfinite(P) needs (on a CPU, a bool tensor "
+                     "times a float one is first copied to float32)")
     if q == 20:
         raise _Wrong("the mask isfinite(P) is bool: 1 byte per element, a quarter of a float32 "
                      "score matrix, not a whole one")

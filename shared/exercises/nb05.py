@@ -314,7 +314,7 @@ def check_merge_partials(merge_partials):
 
 
 # --------------------------------------------------------------------------------------------
-# 5.3 (a) Naive attention's forward + backward peak with the nan_to_num guard (score matrices)
+# 5.3 (a) The graph's bound on the textbook chain's forward + backward peak (score matrices)
 # --------------------------------------------------------------------------------------------
 def _dtype_bytes(dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
@@ -343,14 +343,12 @@ def _training_peak_limit(dtype=torch.float32) -> float:
 
 @_checker
 def check_training_peak(training_peak_prediction):
-    """``training_peak_prediction``: the peak of one forward + backward call of naive attention
-    (``softmax(Q K^T / sqrt(d)).nan_to_num() @ V``), in ``(B, H, T, T)`` float32 score matrices
-    as ``T`` grows, on a CPU. The graph forces three ``T x T`` tensors at every backward step (a
-    saved tensor still needed later, the gradient arriving, the gradient made); at ``nan_to_num``'s
-    step the formula ``grad * isfinite(P)`` adds the bool mask (1/4) and, on a CPU, its float32
-    copy (1): 4.25, the value the notebook measures on a CPU (tests/test_exercises_05.py checks
-    it). A CUDA kernel converts the mask as it reads it, without the copy; the graded answer is
-    the CPU's."""
+    """``training_peak_prediction``: the graph's bound on the peak of one forward + backward call
+    of the textbook chain ``softmax(Q K^T / sqrt(d)) @ V`` (no ``nan_to_num`` guard), in
+    ``(B, H, T, T)`` score matrices as ``T`` grows: 3, at the softmax's backward step (the
+    gradient arriving, the saved P, the gradient made). tests/test_exercises_05.py measures 3 with
+    the profiler, independently of this checker. The notebook then measures the guarded chain too
+    (4.25 on a CPU); the solutions explain the difference."""
     if training_peak_prediction is None:
         raise _NotAttempted("write your prediction in training_peak_prediction (a number of score "
                             "matrices); the measurement is shown once it is filled in")
@@ -359,45 +357,32 @@ def check_training_peak(training_peak_prediction):
         raise _Wrong("memory is not negative: count the T x T tensors alive together")
     quarters = 4 * pred
     if abs(quarters - round(quarters)) > 0.04:
-        raise _Wrong("count in quarters of a score matrix: a bool element takes 1 byte, a quarter "
-                     "of a float32 one, and the (B, H, T, d) tensors (Q, K, V, the output and "
-                     "their gradients) are d / T of a score matrix and vanish as T grows")
+        raise _Wrong("count whole score matrices: every large tensor here is T x T, and the "
+                     "(B, H, T, d) tensors (Q, K, V, the output and their gradients) are d / T of "
+                     "a score matrix and vanish as T grows")
     q = round(quarters)
-    if q == 17:
-        return ("at nan_to_num's backward step the gradient arriving (1), P saved for the "
-                "softmax's backward (1), the bool mask isfinite(P) (1/4), its float32 copy made "
-                "on a CPU for the product (1) and the gradient it makes (1) are alive together. "
-                "Without the guard the chain's peak is the graph's three. Now measure both.")
     if q == 12:
-        raise _Wrong("that is the graph's count without the guard's own temporaries: the product "
-                     "grad * isfinite(P) needs its mask, and on a CPU the cast of the mask, "
-                     "while the tensors of that step are alive")
+        return ("at the softmax's backward step the gradient arriving (dP), the P saved for that "
+                "step and the gradient it makes (dS) are alive together; the forward never holds "
+                "more than two. Now measure, with the guard and without it.")
+    if q == 17:
+        raise _Wrong("that is the chain WITH nan_to_num's guard, whose backward builds temporaries "
+                     "of its own; this question asks for the textbook chain without it")
     if q == 16:
-        raise _Wrong("a quarter short: the bool mask isfinite(P) is still alive while its float32 "
-                     "copy (made on a CPU) and the product are made")
-    if q == 13:
-        raise _Wrong("one float32 score matrix short: list every T x T tensor alive while "
-                     "nan_to_num's backward makes its result: what it receives, what is saved for "
-                     "a later step, and what grad * isfinite(P) needs (on a CPU, a bool tensor "
-                     "times a float one is first copied to float32)")
-    if q == 20:
-        raise _Wrong("the mask isfinite(P) is bool: 1 byte per element, a quarter of a float32 "
-                     "score matrix, not a whole one")
-    if q in (21, 25):
-        raise _Wrong("you counted a tensor the graph frees or never keeps: the softmax's backward "
-                     "needs only its output P (the scaled scores are never saved), and the "
-                     "cleaned weights are freed once P @ V's backward has made its gradients")
+        raise _Wrong("one too many: P is saved by both the softmax and P @ V, but it is one "
+                     "storage; and the softmax's backward needs only its output, so the scores "
+                     "are not kept")
+    if q == 24:
+        raise _Wrong("you added up every T x T tensor the call makes, forward and backward; the "
+                     "peak counts only those alive at the same moment")
     if q < 12:
         raise _Wrong("too few: a backward step cannot free the gradient it receives before the "
-                     "one it makes exists, and a tensor saved for a LATER step (which one is "
-                     "still needed at nan_to_num's backward?) is alive meanwhile; then add the "
-                     "guard's own temporaries")
-    if q > 25:
+                     "one it makes exists, and a tensor saved for that step stays alive meanwhile")
+    if q > 24:
         raise _Wrong("every large tensor is T x T, so the count in score matrices does not grow "
                      "with T: at one moment only a few are alive together")
-    raise _Wrong("find the worst backward step and list the T x T tensors alive during it: what "
-                 "it receives, what is saved for a later step, what it makes, and the guard's "
-                 "temporaries, each in float32 score matrices (a bool tensor counts 1/4)")
+    raise _Wrong("find the worst step and list the T x T tensors alive during it: what it "
+                 "receives, what is saved for it or a later step, and what it makes")
 
 
 # --------------------------------------------------------------------------------------------

@@ -436,7 +436,7 @@ def _silenced(model, ids, mask, heads, how="mean", model_mask=True):
 
 
 def _zero_elsewhere(forward_without_heads):
-    """A note for the generic hint: on which hidden case, if any, the answer equals zero-ablation."""
+    """For the generic hint: the hidden case, if any, where the answer equals zero-ablation."""
     for model, ids, mask, heads in _silence_cases():
         if not heads:
             continue

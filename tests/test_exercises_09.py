@@ -280,6 +280,28 @@ def silence_zero(model, ids, mask, heads):
     return silence_hook(model, ids, mask, heads, "zero")
 
 
+def silence_zero_values(model, ids, mask, heads):  # zeroes W_value's rows, restored; b_v stays
+    saved = {}
+    with torch.no_grad():
+        for layer, head in heads:
+            W = model.layers[layer].attention.W_value.weight
+            d = model.layers[layer].attention.head_dim
+            saved.setdefault(layer, W.clone())
+            W[d * head:d * (head + 1)] = 0
+        out = model(ids, mask)
+        for layer, W in saved.items():
+            model.layers[layer].attention.W_value.weight.copy_(W)
+    return out
+
+
+def silence_zero_no_mask(model, ids, mask, heads):  # zero-ablation, and the padding mask dropped
+    return silence_hook(model, ids, mask, heads, "zero", model_mask=False)
+
+
+def silence_zero_late_binding(model, ids, mask, heads):  # zeros, and each hook sees the last head
+    return silence_hook(model, ids, mask, [(layer, heads[-1][1]) for layer, _ in heads], "zero")
+
+
 def silence_pad(model, ids, mask, heads):
     return silence_hook(model, ids, mask, heads, "pad")
 
@@ -373,6 +395,9 @@ CASES = [
     (C.check_silenced_heads, (silence_pooled,), False, "before any pooling"),
     (C.check_silenced_heads, (silence_nothing,), False, "nothing was silenced"),
     (C.check_silenced_heads, (silence_zero,), False, "that is zero-ablation"),
+    (C.check_silenced_heads, (silence_zero_values,), False, "W_value.bias stays"),
+    (C.check_silenced_heads, (silence_zero_no_mask,), False, "zero-ablation, and the padding mask"),
+    (C.check_silenced_heads, (silence_zero_late_binding,), False, "did you write zeros instead"),
     (C.check_silenced_heads, (silence_pad,), False, "includes the [PAD] positions"),
     (C.check_silenced_heads, (silence_sentence,), False, "each sentence's own mean"),
     (C.check_silenced_heads, (silence_swapped,), False, "as (head, layer)"),

@@ -401,11 +401,14 @@ def _silenced(model, ids, mask, heads, how="mean", model_mask=True):
     """The model's last hidden states with the listed heads mean-ablated: each head's ``head_dim``
     features of out_proj's input replaced, at every position, by their mean over the real tokens
     of all sentences in a clean run of the same batch (no head silenced). ``how`` other than
-    "mean" makes one of the typical mistakes: "zero" (zero-ablation), "pad" (the mean taken over
+    "mean" makes one of the typical mistakes: "zero" (zero-ablation), "value bias" (W_value's
+    weight rows zeroed, its bias left), "pad" (the mean taken over
     the [PAD] positions too), "sentence" (each sentence's own mean), "same pass" (the mean taken
     in the ablated run itself, after earlier layers' heads were already silenced)."""
     m = mask.to(torch.bool)
-    clean = None if how in ("zero", "same pass") else _head_means(model, ids, mask, how, model_mask)
+    no_mean = how in ("zero", "same pass", "value bias")
+    clean = None if no_mean else _head_means(model, ids, mask, how, model_mask)
+    module_bias = {layer: model.layers[layer].attention.W_value.bias for layer, _ in heads}
     hooks = []
     for layer, head in heads:
         att = model.layers[layer].attention
@@ -415,6 +418,8 @@ def _silenced(model, ids, mask, heads, how="mean", model_mask=True):
             x = args[0].clone()
             if how == "zero":
                 x[..., cols] = 0
+            elif how == "value bias":  # W_value's rows zeroed: the weights sum to 1, so b_v is left
+                x[..., cols] = module_bias[layer][cols]
             elif how == "same pass":
                 x[..., cols] = x[m][:, cols].mean(0)
             else:
@@ -428,6 +433,23 @@ def _silenced(model, ids, mask, heads, how="mean", model_mask=True):
     finally:
         for hook in hooks:
             hook.remove()
+
+
+def _zero_elsewhere(forward_without_heads):
+    """For the generic hint: the hidden case, if any, where the answer equals zero-ablation."""
+    for model, ids, mask, heads in _silence_cases():
+        if not heads:
+            continue
+        try:
+            got = np.asarray(forward_without_heads(model, ids.clone(), mask.clone(), list(heads)))
+        except Exception:  # noqa: BLE001 (the failing case already gave its hint)
+            continue
+        real = mask.numpy()
+        zero = _silenced(model, ids, mask, heads, "zero")[real]
+        if got.shape[:2] == tuple(ids.shape) and _close(got[real], zero):
+            return (f"; on the case silencing {list(heads)} it equals zero-ablation: did you write "
+                    f"zeros instead of the clean-run mean?")
+    return ""
 
 
 @_checker
@@ -467,6 +489,13 @@ def check_silenced_heads(forward_without_heads):
             ("nothing was silenced: your output is the plain model's", ref_of([])),
             ("that is zero-ablation: replace the heads' features by their mean over the real "
              "tokens, not by zero", ref_of(how="zero")),
+            ("you zeroed the head's rows of W_value.weight, but W_value.bias stays, so the head "
+             "still outputs that bias (and zeros would be zero-ablation): replace the head's "
+             "features by their clean-run mean over the real tokens",
+             ref_of(how="value bias")),
+            ("that is zero-ablation, and the padding mask was dropped: replace the heads' features "
+             "by their clean-run mean over the real tokens, and pass mask to the model",
+             ref_of(how="zero", model_mask=False)),
             ("your mean includes the [PAD] positions: average over the real tokens only "
              "(the mask)", ref_of(how="pad")),
             ("you took each sentence's own mean: average over the real tokens of all sentences "
@@ -490,7 +519,7 @@ def check_silenced_heads(forward_without_heads):
              ref_of([(l, heads[-1][1]) for l, _ in heads]) if heads else None),
         ])
         raise _Wrong(f"the hidden states differ from the mean-ablated model's by up to "
-                     f"{_maxdiff(got, ref)}")
+                     f"{_maxdiff(got, ref)}" + _zero_elsewhere(forward_without_heads))
     return ("each listed head's output is its clean-run mean over the real tokens, every other "
             "head and out_proj's bias are untouched, and the model is unchanged afterwards.")
 

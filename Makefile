@@ -98,8 +98,9 @@ durations: $(STAMP)  ## run every notebook through nbval and print the seconds e
 	$(CPU_ONLY) $(ONE_THREAD) $(BIN)/python -m pytest $(XDIST) $(NBVAL) -q notebooks
 	@cat .artifacts/nbval-times.md
 
+# One thread, as in the tests: the stored timing outputs (and the prose that reads them) are one core's.
 execute: $(STAMP)  ## re-run notebooks in place, top to bottom, in a fresh kernel (NB=... to pick)
-	$(CPU_ONLY) $(BIN)/jupyter nbconvert --to notebook --execute --inplace \
+	$(CPU_ONLY) $(ONE_THREAD) $(BIN)/jupyter nbconvert --to notebook --execute --inplace \
 	  --ExecutePreprocessor.kernel_name=python3 --ExecutePreprocessor.timeout=600 $(NB)
 	$(BIN)/python -m tools.course $(NB)  # fresh outputs carry no alt text: stamp it from `# alt:`
 

@@ -628,6 +628,15 @@ def test_merged_state_is_attention_over_all_keys():
     assert torch.allclose(acc / l, torch.softmax(S, dim=-1) @ V)
 
 
+def test_merge_nan_hint_names_the_idea_not_the_code(capsys):
+    """The nan hint says what to do (a finite reference where the merged maximum is -inf) and
+    leaves the code to the learner."""
+    ex.check_merge_partials(merge_no_guard)
+    out = capsys.readouterr().out
+    assert "finite reference for rows whose merged maximum is -inf" in out, out
+    assert "torch." not in out and "isfinite" not in out, out
+
+
 def test_hidden_merge_cases_make_the_mistakes_differ():
     """In the hidden cases the two parts' maxima cross (part 1 larger in some rows, part 2 in
     others), so rescaling one part only cannot pass, and every case has an empty part."""

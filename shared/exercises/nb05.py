@@ -267,8 +267,8 @@ def check_merge_partials(merge_partials):
         if np.isnan(np.concatenate([m.ravel(), l.ravel(), acc.ravel()])).any():
             where = "row 0, which has no keys in either part" if i == 2 else "a row"
             raise _Wrong(f"nan in {where}: there m1 = m2 = m = -inf and exp(m1 - m) = "
-                         "exp(-inf + inf) = nan. Subtract a finite reference for such rows "
-                         "(e.g. torch.where(torch.isfinite(m), m, 0)) so their l and acc stay 0")
+                         "exp(-inf + inf) = nan. Pick a finite reference for rows whose merged "
+                         "maximum is -inf, so that their l and acc stay 0")
         m1, l1, acc1 = st1
         m2, l2, acc2 = st2
         if not _close(m, ref[0]):

@@ -443,12 +443,16 @@ CASES = [
     (C.check_sink_ring_cache, (RingNoSinks,), False, "which of the others holds the oldest"),
     (C.check_sink_ring_cache, (RingShort,), False, "one recent token too few"),
     (C.check_sink_ring_cache, (RingAllSlots,), False, "slots not written yet"),
-    (C.check_padding_prediction, ("mask",), True, "cancels in every score"),
-    (C.check_padding_prediction, (None,), None, NA),
-    (C.check_padding_prediction, ("both",), False, "difference of two positions only"),
-    (C.check_padding_prediction, ("positions",), False, "difference of two positions only"),
-    (C.check_padding_prediction, ("neither",), False, "padding key it may see"),
-    (C.check_padding_prediction, ("Mask",), False, "got 'Mask'"),
+    (C.check_padding_prediction, ("mask", "both"), True, "cancels in every score"),
+    (C.check_padding_prediction, (None, "both"), None, NA),
+    (C.check_padding_prediction, ("mask", None), None, NA),
+    (C.check_padding_prediction, ("both", "both"), False, "with RoPE: its scores depend on the difference"),
+    (C.check_padding_prediction, ("positions", "both"), False, "the mask, with RoPE: what"),
+    (C.check_padding_prediction, ("neither", "both"), False, "padding key it may see"),
+    (C.check_padding_prediction, ("mask", "mask"), False, "embedding of its own position"),  # learned = RoPE
+    (C.check_padding_prediction, ("mask", "positions"), False, "the mask, with learned absolute positions: what"),
+    (C.check_padding_prediction, ("Mask", "both"), False, "got 'Mask'"),
+    (C.check_padding_prediction, ("mask", "all"), False, "in padding_prediction_learned; got 'all'"),
     (C.check_left_padding, (pad_ok,), True, "it would have alone"),
     (C.check_left_padding, (pad_loops,), True, OK),
     (C.check_left_padding, (stub,), None, NA),
@@ -538,8 +542,9 @@ def test_ceiling_prediction_hides_the_answer_when_wrong(capsys):
         assert not any(word in out for word in ("repeat", "mask", "is_causal", "rotat", "measured", "two", "three",
                                                 "2 bugs", "3 bugs", "one more")), out
     # 8.4: a wrong guess gets the reasoning, never the measurement
-    for guess in ("positions", "both", "neither"):
-        ex.check_padding_prediction(guess)
+    for guess in (("positions", "both"), ("both", "both"), ("neither", "both"), ("mask", "mask"),
+                  ("mask", "neither"), ("both", "mask")):
+        ex.check_padding_prediction(*guess)
         out = capsys.readouterr().out
         assert "measured" not in out and "leave" not in out and "changes" not in out, out
 
@@ -709,6 +714,9 @@ def test_predictions_hold_for_the_torch_layer():
     q, k = torch.randn(2, 5, 8, dtype=torch.float64).unbind(0)
     pos = torch.arange(5)
     assert torch.allclose(apply_rope(q, pos) @ apply_rope(k, pos).T, apply_rope(q, pos + 3) @ apply_rope(k, pos + 3).T)
+    # learned absolute positions: adding the embeddings of shifted positions changes the scores
+    P = torch.randn(8, 8, dtype=torch.float64)
+    assert not torch.allclose((q + P[pos]) @ (k + P[pos]).T, (q + P[pos + 3]) @ (k + P[pos + 3]).T)
 
 
 def test_llama_step_prediction_prints_a_shared_hint_once(capsys):

@@ -688,13 +688,16 @@ _PAD_OPTIONS = {"padding": ("ok", "none", "inverted"), "causal": ("ok", "top_lef
 _PADDING_CHOICES = ("positions", "mask", "both", "neither")
 
 
-def _padding_changes() -> dict:
-    """Whether each mistake alone changes the real tokens' outputs of a one-head RoPE attention
-    over a left-padded batch (a prefill; random weights): ``{"positions": bool, "mask": bool}``."""
+def _padding_changes(model: str) -> dict:
+    """Whether each mistake alone changes the real tokens' outputs of a one-head attention over a
+    left-padded batch (a prefill; random weights), with ``model`` ``"rope"`` (RoPE on queries and
+    keys) or ``"learned"`` (a learned position embedding added to each token):
+    ``{"positions": bool, "mask": bool}``."""
     rng = _rng(805)
     d, T, pads = 8, 6, (3, 0, 1)
     x = rng.normal(size=(len(pads), T, d))
     Wq, Wk, Wv = (rng.normal(size=(d, d)) for _ in range(3))
+    P = rng.normal(size=(T, d))  # the learned position embeddings, one row per position
     real = np.ones((len(pads), T), dtype=bool)
     for b, n in enumerate(pads):
         real[b, :n] = False
@@ -703,9 +706,12 @@ def _padding_changes() -> dict:
         pos = np.broadcast_to(np.arange(T), real.shape) if count_padding else real.cumsum(1) - 1
         out = np.zeros_like(x)
         for b in range(len(pads)):
-            q, k = _rope(x[b] @ Wq, pos[b], 10000.0), _rope(x[b] @ Wk, pos[b], 10000.0)
+            h = x[b] + P[np.maximum(pos[b], 0)] if model == "learned" else x[b]
+            q, k = h @ Wq, h @ Wk
+            if model == "rope":
+                q, k = _rope(q, pos[b], 10000.0), _rope(k, pos[b], 10000.0)
             allowed = _tril(T, T, 0) & (real[b][None] if mask_padding else True)
-            out[b] = _masked_attend(q, k, x[b] @ Wv, allowed)
+            out[b] = _masked_attend(q, k, h @ Wv, allowed)
         return out[real]
 
     right = outputs(False, True)
@@ -713,38 +719,60 @@ def _padding_changes() -> dict:
             "mask": not _close(outputs(False, False), right)}
 
 
+_PADDING_WHY = {
+    ("rope", "positions"): "with RoPE: its scores depend on the difference of two positions only "
+                           "(notebook 07): what does counting the padding do to the difference of "
+                           "two real tokens of one row?",
+    ("learned", "positions"): "with learned absolute positions: each token gets the embedding of "
+                              "its own position added: which one does a real token get when its "
+                              "position counts the padding?",
+    "mask": "what does a real query's softmax do with a padding key it may see, and where does "
+            "that key's value go?",
+}
+_MODEL_NAMES = {"rope": "RoPE", "learned": "learned absolute positions"}
+
+
 @_checker
-def check_padding_prediction(padding_prediction):
-    """``padding_prediction``: ``"positions"``, ``"mask"``, ``"both"`` or ``"neither"``: which
-    mistake alone changes the outputs of the real tokens in a layer with RoPE, positions that
-    count the padding or a mask that lets the queries see it. Measured by the checker."""
-    if padding_prediction is None:
-        raise _NotAttempted("padding_prediction is still None: write \"positions\", \"mask\", "
-                            "\"both\" or \"neither\" first")
-    if padding_prediction not in _PADDING_CHOICES:
-        raise _Wrong("write \"positions\", \"mask\", \"both\" or \"neither\"; got "
-                     f"{padding_prediction!r}")
-    changed = _padding_changes()
-    measured = {(True, True): "both", (True, False): "positions", (False, True): "mask",
-                (False, False): "neither"}[(changed["positions"], changed["mask"])]
-    pos_effect = "change the real tokens' outputs" if changed["positions"] else \
-        "leave the real tokens' outputs as they are"
-    shown = (f"measured: positions counting the padding {pos_effect}; a mask that lets queries "
-             f"see the padding {'changes' if changed['mask'] else 'leaves'} them")
-    if padding_prediction != measured:  # the reasoning for each wrong part, not the measurement
-        why = {"positions": "RoPE scores depend on the difference of two positions only (notebook "
-                            "07): what does counting the padding do to the difference of two real "
-                            "tokens of one row?",
-               "mask": "what does a real query's softmax do with a padding key it may see, and "
-                       "where does that key's value go?"}
-        predicted = {"positions": padding_prediction in ("positions", "both"),
-                     "mask": padding_prediction in ("mask", "both")}
-        raise _Wrong("think again: " + "; ".join(why[k] for k in predicted
-                                                  if predicted[k] != changed[k]))
-    return (f"{shown}. With RoPE, a shift shared by a whole row cancels in every score; learned "
-            "absolute position embeddings (GPT-2, TinyLM) read the positions themselves, so there "
-            "it would not, and with any model padding counted as positions uses up the context "
-            "length sooner: a server gets both right.")
+def check_padding_prediction(padding_prediction, padding_prediction_learned):
+    """``padding_prediction`` (a layer with RoPE) and ``padding_prediction_learned`` (learned
+    absolute position embeddings, as in TinyLM and GPT-2): each ``"positions"``, ``"mask"``,
+    ``"both"`` or ``"neither"``: which mistake alone changes the outputs of the real tokens,
+    positions that count the padding or a mask that lets the queries see it. Measured by the
+    checker."""
+    guesses = {"rope": padding_prediction, "learned": padding_prediction_learned}
+    if None in guesses.values():
+        raise _NotAttempted("padding_prediction and padding_prediction_learned must both be set: "
+                            "write \"positions\", \"mask\", \"both\" or \"neither\" in each first")
+    for name, guess in zip(("padding_prediction", "padding_prediction_learned"), guesses.values(),
+                           strict=True):
+        if guess not in _PADDING_CHOICES:
+            raise _Wrong(f"write \"positions\", \"mask\", \"both\" or \"neither\" in {name}; "
+                         f"got {guess!r}")
+    why, mask_wrong = [], []  # the reasoning for each wrong part, not the measurement
+    changed = {}
+    for model, guess in guesses.items():
+        changed[model] = _padding_changes(model)
+        predicted = {"positions": guess in ("positions", "both"), "mask": guess in ("mask", "both")}
+        if predicted["positions"] != changed[model]["positions"]:
+            why.append(_PADDING_WHY[model, "positions"])
+        if predicted["mask"] != changed[model]["mask"]:
+            mask_wrong.append(_MODEL_NAMES[model])
+    if mask_wrong:  # the same reasoning for both models: told once
+        why.append(f"the mask, with {' and with '.join(mask_wrong)}: {_PADDING_WHY['mask']}")
+    if why:
+        raise _Wrong("think again: " + "; ".join(why))
+
+    def effect(model):
+        pos, mask = changed[model]["positions"], changed[model]["mask"]
+        moved = ("change the real tokens' outputs" if pos
+                 else "leave the real tokens' outputs as they are")
+        return f"positions counting the padding {moved}, a mask that shows the padding " + \
+            ("changes them" if mask else "leaves them")
+
+    return (f"measured with RoPE: {effect('rope')}; with learned positions: {effect('learned')}. "
+            "With RoPE, a shift shared by a whole row cancels in every score; a learned embedding "
+            "reads the position itself. With any model, padding counted as positions uses up the "
+            "context length sooner: a server gets both right.")
 
 
 @_checker

@@ -24,7 +24,8 @@ import numpy as np
 import seaborn as sns
 
 __all__ = ["plot_attention", "plot_heads", "plot_bottleneck", "plot_word_links",
-           "plot_context_vectors", "zoom_context_vectors", "log_ticks", "label_points", "print_table"]
+           "plot_context_vectors", "zoom_context_vectors", "log_ticks", "label_points",
+           "print_table"]
 
 MASKED_COLOR = "#d9d9d9"
 
@@ -518,7 +519,7 @@ def label_points(ax, xs, ys, labels, colors, fontsize: float = 8, shared_x: str 
 
 
 def print_table(rows: dict, columns, fmt=".2f", corner: str = "") -> None:
-    """Print a right-aligned text table: one line per ``rows`` item, its key first, then its values.
+    """Print a right-aligned text table: one line per ``rows`` item, its key, then its values.
 
     Shapes: ``rows``: {label: sequence of ``len(columns)`` values}; ``columns``: headers, one per
     value. ``fmt``: one format spec for every float, or one per column (a ``str`` value is printed
@@ -526,15 +527,18 @@ def print_table(rows: dict, columns, fmt=".2f", corner: str = "") -> None:
     columns = list(columns)
     fmts = [fmt] * len(columns) if isinstance(fmt, str) else list(fmt)
     if len(fmts) != len(columns):
-        raise ValueError(f"fmt must be one spec or one per column ({len(columns)}); got {len(fmts)}")
+        raise ValueError(f"fmt must be one spec or one per column ({len(columns)}); "
+                         f"got {len(fmts)}")
     cells = {}
     for label, values in rows.items():
         values = list(values)
         if len(values) != len(columns):
-            raise ValueError(f"row {label!r} has {len(values)} values; expected one per column ({len(columns)})")
-        cells[str(label)] = [v if isinstance(v, str) else format(float(v), f) for v, f in zip(values, fmts, strict=True)]
+            raise ValueError(f"row {label!r} has {len(values)} values; "
+                             f"expected one per column ({len(columns)})")
+        cells[str(label)] = [v if isinstance(v, str) else format(float(v), f)
+                             for v, f in zip(values, fmts, strict=True)]
     first = max([len(corner), *map(len, cells)])
     widths = [max([len(h), *(len(c[j]) for c in cells.values())]) for j, h in enumerate(columns)]
-    print(f"{corner:<{first}s}" + "".join(f"  {h:>{w}s}" for h, w in zip(columns, widths, strict=True)))
-    for label, row in cells.items():
-        print(f"{label:<{first}s}" + "".join(f"  {c:>{w}s}" for c, w in zip(row, widths, strict=True)))
+    for label, row in [(corner, columns), *cells.items()]:
+        print(f"{label:<{first}s}"
+              + "".join(f"  {c:>{w}s}" for c, w in zip(row, widths, strict=True)))

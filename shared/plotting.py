@@ -12,6 +12,9 @@ that enlarges context vectors crowded near the centroid).
 
 Two small helpers for the measured plots of notebook 05: ``log_ticks`` (a log axis labelled with
 plain numbers) and ``label_points`` (name labels for dots, kept apart where dots share an x).
+
+One text helper for the measured tables of notebook 07: ``print_table`` (rows of numbers under
+column headers, so that a cell shows the measurement and not the f-strings).
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ import numpy as np
 import seaborn as sns
 
 __all__ = ["plot_attention", "plot_heads", "plot_bottleneck", "plot_word_links",
-           "plot_context_vectors", "zoom_context_vectors", "log_ticks", "label_points"]
+           "plot_context_vectors", "zoom_context_vectors", "log_ticks", "label_points",
+           "print_table"]
 
 MASKED_COLOR = "#d9d9d9"
 
@@ -512,3 +516,29 @@ def label_points(ax, xs, ys, labels, colors, fontsize: float = 8, shared_x: str 
                                  fontsize=fontsize, ha=ha, va=va, color=color,
                                  bbox=box if stacked else None))
     return texts
+
+
+def print_table(rows: dict, columns, fmt=".2f", corner: str = "") -> None:
+    """Print a right-aligned text table: one line per ``rows`` item, its key, then its values.
+
+    Shapes: ``rows``: {label: sequence of ``len(columns)`` values}; ``columns``: headers, one per
+    value. ``fmt``: one format spec for every float, or one per column (a ``str`` value is printed
+    as it is). ``corner`` heads the label column. Each column is as wide as its widest entry."""
+    columns = list(columns)
+    fmts = [fmt] * len(columns) if isinstance(fmt, str) else list(fmt)
+    if len(fmts) != len(columns):
+        raise ValueError(f"fmt must be one spec or one per column ({len(columns)}); "
+                         f"got {len(fmts)}")
+    cells = {}
+    for label, values in rows.items():
+        values = list(values)
+        if len(values) != len(columns):
+            raise ValueError(f"row {label!r} has {len(values)} values; "
+                             f"expected one per column ({len(columns)})")
+        cells[str(label)] = [v if isinstance(v, str) else format(float(v), f)
+                             for v, f in zip(values, fmts, strict=True)]
+    first = max([len(corner), *map(len, cells)])
+    widths = [max([len(h), *(len(c[j]) for c in cells.values())]) for j, h in enumerate(columns)]
+    for label, row in [(corner, columns), *cells.items()]:
+        print(f"{label:<{first}s}"
+              + "".join(f"  {c:>{w}s}" for c, w in zip(row, widths, strict=True)))

@@ -19,6 +19,7 @@ from shared.plotting import (  # noqa: E402
     plot_bottleneck,
     plot_heads,
     plot_word_links,
+    print_table,
 )
 
 TOKENS = ["Your", "journey", "starts", "with"]
@@ -353,3 +354,19 @@ def test_zoom_context_vectors_enlarges_every_context_vector_and_the_centroid():
         zoom_context_vectors(ax, X, Z[:4])
     with pytest.raises(ValueError, match="labels but X has 5 rows|tokens"):
         zoom_context_vectors(ax, X, Z, tokens=["a", "b"])
+
+
+def test_print_table_aligns_and_formats(capsys):
+    print_table({"a": [0.123456, "5 of 9"], "longer": [12.0, "x"]}, ["w", "count"], fmt=[".3f", ".2f"], corner="run")
+    assert capsys.readouterr().out.splitlines() == [
+        "run          w   count",
+        "a        0.123  5 of 9",
+        "longer  12.000       x",
+    ]
+
+
+def test_print_table_rejects_a_short_row():
+    with pytest.raises(ValueError, match="row 'a' has 1 values; expected one per column \\(2\\)"):
+        print_table({"a": [1.0]}, ["x", "y"])
+    with pytest.raises(ValueError, match="one per column \\(2\\); got 3"):
+        print_table({"a": [1.0, 2.0]}, ["x", "y"], fmt=[".1f"] * 3)

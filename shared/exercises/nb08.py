@@ -634,7 +634,7 @@ def check_sink_ring_cache(SinkRingCache):
                          f"from the sink + window mask by up to "
                          f"{_maxdiff(out, ref[:, :, p:p + 1])} {what}")
     return ("every query, over the tokens the ring buffer kept, equals full attention under the "
-            "sink + band mask.")
+            "sink + band mask, and every step wrote into the slots allocated at the first token.")
 
 
 # --------------------------------------------------------------------------------------------

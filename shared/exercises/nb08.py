@@ -565,7 +565,8 @@ def check_sink_ring_cache(SinkRingCache):
     """``SinkRingCache(window, sinks)``; ``update(k, v)`` with ``k``, ``v`` ``(B, H, 1, d)`` stores
     the next token and returns ``(K, V)`` of every token it keeps: the first ``sinks`` and the
     last ``window`` (at most ``sinks + window`` slots, in any order). Attention of each token's
-    query over what ``update`` returns must equal full attention under the sink + band mask."""
+    query over what ``update`` returns must equal full attention under the sink + band mask, and
+    the storage behind the returned tensors must stay the one allocated at the first token."""
     rng = _rng(803)
     B, H, d, T = 1, 2, 5, 14
     for window, sinks in ((4, 2), (3, 1), (5, 0)):
@@ -587,12 +588,23 @@ def check_sink_ring_cache(SinkRingCache):
             if Kc.ndim != 4 or Kc.shape[:2] != (B, H) or Kc.shape[3] != d or Vc.shape != Kc.shape:
                 raise _Wrong("update should return K and V of shape (B, H, tokens kept, "
                              f"head_dim); got {Kc.shape} and {Vc.shape} at position {p} {what}")
+            if not all(isinstance(a, torch.Tensor) for a in ans):
+                raise _Wrong("update should return K and V as torch tensors: views of the slots "
+                             "you preallocated")
+            storage = [(a.untyped_storage().data_ptr(), a.untyped_storage().nbytes()) for a in ans]
             kept = Kc.shape[2]
             if kept > sinks + window:
                 raise _Wrong(f"after position {p} the cache returned {kept} tokens: a ring buffer "
                              f"holds at most sinks + window = {sinks + window} {what}")
             out = _masked_attend(Q[:, :, p:p + 1], Kc, Vc, np.ones((1, kept), dtype=bool))
             if _close(out, ref[:, :, p:p + 1]):
+                if p == 0:
+                    first_storage = storage
+                elif storage != first_storage:
+                    raise _Wrong(f"your cache allocates new storage at step {p} (the token at "
+                                 f"position {p}): a ring buffer allocates its sinks + window slots "
+                                 "once, at the first token, writes each new token into one of them "
+                                 f"and returns views of them, never a new tensor {what}")
                 continue
             cands = [
                 (f"the first {sinks} tokens are sinks: they are never evicted, the ring turns only "
@@ -622,7 +634,7 @@ def check_sink_ring_cache(SinkRingCache):
                          f"from the sink + window mask by up to "
                          f"{_maxdiff(out, ref[:, :, p:p + 1])} {what}")
     return ("every query, over the tokens the ring buffer kept, equals full attention under the "
-            "sink + band mask.")
+            "sink + band mask, and every step wrote into the slots allocated at the first token.")
 
 
 # --------------------------------------------------------------------------------------------

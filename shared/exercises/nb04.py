@@ -150,6 +150,20 @@ def grade_matmul_prediction(pred_calls, counted):
 _FACTOR_KEYS = ("matmul FLOPs", "weights")
 
 
+def _positive_numbers(answer: dict, keys, name: str, example: str) -> dict[str, float]:
+    """``{key: float}`` from the learner's dict ``answer``; a hint naming the entry if one is not a
+    finite positive number (a one-element tensor counts as its number)."""
+    guess = {}
+    for k in keys:
+        v = answer[k]
+        if isinstance(v, torch.Tensor) and v.numel() == 1:
+            v = v.item()
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v <= 0:
+            raise _Wrong(f"{name}[{k!r}] must be a positive number (e.g. {example}); got {v!r}")
+        guess[k] = float(v)
+    return guess
+
+
 @_checker
 def grade_flop_prediction(pred_factor, counted):
     """Section 6: ``pred_factor``, ``{"matmul FLOPs": a, "weights": b}``, the predicted factors
@@ -159,15 +173,7 @@ def grade_flop_prediction(pred_factor, counted):
     factor within 10 % (by ratio) is right. Only grades: the notebook prints the counts in the
     next cell."""
     _typed(pred_factor, _FACTOR_KEYS, "pred_factor", "two factors")
-    guess = {}
-    for k in _FACTOR_KEYS:
-        v = pred_factor[k]
-        if isinstance(v, torch.Tensor) and v.numel() == 1:
-            v = v.item()
-        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v <= 0:
-            raise _Wrong(f"pred_factor[{k!r}] must be a positive number (e.g. 2 for twice as "
-                         f"many); got {v!r}")
-        guess[k] = float(v)
+    guess = _positive_numbers(pred_factor, _FACTOR_KEYS, "pred_factor", "2 for twice as many")
     few, many = min(counted), max(counted)
     truth = {k: float(counted[many][k]) / float(counted[few][k]) for k in _FACTOR_KEYS}
     said = "you predicted " + ", ".join(f"{k} x{guess[k]:g}" for k in _FACTOR_KEYS)
@@ -704,14 +710,7 @@ def check_gqa_prediction(my_ratio):
         raise _NotAttempted("write your two predicted ratios into my_ratio; the counts are shown "
                             "once both are right")
     _typed(my_ratio, keys, "my_ratio", "your two predicted ratios")
-    guess = {}
-    for k in keys:
-        v = my_ratio[k]
-        if isinstance(v, torch.Tensor) and v.numel() == 1:
-            v = v.item()
-        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v <= 0:
-            raise _Wrong(f"my_ratio[{k!r}] must be a positive number (e.g. 0.9); got {v!r}")
-        guess[k] = float(v)
+    guess = _positive_numbers(my_ratio, keys, "my_ratio", "0.9")
     notes = []
     for k, cfg in _PREDICTED.items():
         count, full = attention_parameter_count(cfg), 4 * cfg["hidden_size"] ** 2

@@ -398,7 +398,7 @@ CASES = [
     (C.check_previous_token_head, (prev_ignores_P,), False, "in two steps. First choose the vectors"),
     (C.check_previous_token_head, (prev_transposed,), False, "the transpose of (d, head_dim)"),
     (C.check_previous_token_head, (prev_one_matrix,), False, "return the pair (W_q, W_k)"),
-    # 6.2 (measured: 0.36-0.42 nats worse than one mean, against a 0.15-nat band: "worse")
+    # 6.2 (measured: 0.36-0.42 nats worse than one mean, more than 10x the 0.03-nat band: "worse")
     (C.check_position_mean_ablation, (pma_ok, "worse", NB), True, "higher than one mean's"),
     (C.check_position_mean_ablation, (pma_ok, "about equal", NB), False,
      "Compare the two stand-ins at position 1"),  # a first miss: where to look, not why
@@ -605,10 +605,10 @@ def test_the_knock_out_mistakes_are_all_different_on_the_hidden_cases():
 
 
 def test_per_position_means_are_worse_than_one_mean_on_an_independent_batch():
-    """The checker's verdict for 6.2 ("worse", by more than twice its 0.15-nat band), measured here
+    """The checker's verdict for 6.2 ("worse", by more than 10x its 0.03-nat band), measured here
     on a batch of our own with this file's answer and shared's ablate_heads."""
     per_position, one_mean = own_mean_losses()
-    assert per_position - one_mean > 2 * ex.nb06._EQUAL_BAND, (per_position, one_mean)
+    assert per_position - one_mean > 10 * ex.nb06._EQUAL_BAND, (per_position, one_mean)
 
 
 def test_checkers_leave_the_global_random_state_alone(capsys):

@@ -45,6 +45,7 @@ __all__ = [
     "attention_bytes",
     "peak_memory",
     "cpu_peak_memory",
+    "quiet_stderr",
     "aten_ops",
     "op_self_ms",
     "operation_count",
@@ -320,7 +321,7 @@ def attention_bytes(B: int, H: int, T_q: int, T_k: int, head_dim: int, dtype=tor
 
 
 @contextlib.contextmanager
-def _quiet_stderr() -> Iterator[None]:
+def quiet_stderr() -> Iterator[None]:
     """Silence file descriptor 2 for a moment: the profiler's C++ library prints start/stop lines
     with timestamps there, which would clutter (and change) every output that uses it."""
     sys.stderr.flush()
@@ -350,7 +351,7 @@ def cpu_peak_memory(fn: Callable[[], object]) -> int:
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         result = fn()  # noqa: F841  (alive until the profile ends, like a caller holding it)
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
     events.sort(key=lambda e: e.start_ns())
@@ -366,7 +367,7 @@ def aten_ops(fn: Callable[[], object], prefix: str = "aten::") -> list[str]:
     """Sorted names of the operators ``fn()`` ran whose names start with ``prefix``, as recorded
     by ``torch.profiler`` (e.g. which kernel ``F.scaled_dot_product_attention`` dispatched to)."""
     _check_callable(fn)
-    with _quiet_stderr(), torch.profiler.profile() as prof:
+    with quiet_stderr(), torch.profiler.profile() as prof:
         fn()
     return sorted({e.key for e in prof.key_averages() if e.key.startswith(prefix)})
 
@@ -377,7 +378,7 @@ def op_self_ms(fn: Callable[[], object], prefix: str = "aten::") -> dict[str, fl
     operators an operator calls, so the values add up to the call's total without double
     counting). One call, so the numbers are as noisy as one timing: compare shares, not values."""
     _check_callable(fn)
-    with _quiet_stderr(), torch.profiler.profile() as prof:
+    with quiet_stderr(), torch.profiler.profile() as prof:
         fn()
     return {e.key: e.self_cpu_time_total / 1e3 for e in prof.key_averages()
             if e.key.startswith(prefix)}

@@ -3,6 +3,7 @@ allocations of known size."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -450,3 +451,12 @@ def test_operation_counts_names_each_operation():
     assert counts.total() == operation_count(fn) == 3
     with pytest.raises(TypeError):
         operation_counts(42)
+
+
+def test_quiet_stderr_silences_file_descriptor_2_and_restores_it(capfd):
+    from shared.benchmark import quiet_stderr
+
+    with quiet_stderr():
+        os.write(2, b"hidden C++ line\n")
+    os.write(2, b"shown after\n")
+    assert capfd.readouterr().err == "shown after\n"

@@ -48,6 +48,7 @@ __all__ = [
     "quiet_stderr",
     "aten_ops",
     "op_self_ms",
+    "profile_shares",
     "operation_count",
     "operation_counts",
     "sdpa_backends",
@@ -382,6 +383,51 @@ def op_self_ms(fn: Callable[[], object], prefix: str = "aten::") -> dict[str, fl
         fn()
     return {e.key: e.self_cpu_time_total / 1e3 for e in prof.key_averages()
             if e.key.startswith(prefix)}
+
+
+def profile_shares(fn: Callable[[], object], groups: dict[str, list[str] | tuple[str, ...]],
+                   calls: int = 3) -> dict[str, float]:
+    """Where ``fn()`` spends its time, by groups of ATen operators, from ``torch.profiler``.
+
+    ``groups`` maps a label to operator names without the ``aten::`` prefix, e.g.
+    ``{"matrix products": ["mm", "bmm"]}``. ``fn`` runs once to warm up, then ``calls`` times
+    under the profiler. Returns ``{label: share}`` for every group, in order, each share the
+    group's self time over the total self time of all ATen operators (0 to 1); then ``"other"``,
+    the share of every operator not named (so the shares add up to 1); then ``"ms per call"``,
+    the total self time divided by ``calls``. One operator may sit in one group only."""
+    _check_callable(fn)
+    if not isinstance(groups, dict) or not groups:
+        raise TypeError("groups must be a non-empty dict {label: [operator names]}; "
+                        f"got {groups!r}")
+    seen: dict[str, str] = {}
+    for label, ops in groups.items():
+        if label in ("other", "ms per call"):
+            raise ValueError(f"the group label {label!r} is reserved for the result; "
+                             "choose another")
+        if isinstance(ops, str) or not isinstance(ops, (list, tuple)) or not ops:
+            raise TypeError(f"groups[{label!r}] must be a non-empty list of operator names such as "
+                            f"['mm', 'bmm']; got {ops!r}")
+        for op in ops:
+            if not isinstance(op, str) or op.startswith("aten::"):
+                raise ValueError(f"groups[{label!r}]: write operator names without 'aten::', "
+                                 f"e.g. 'mm'; got {op!r}")
+            if op in seen:
+                raise ValueError(f"operator {op!r} is in two groups, {seen[op]!r} and {label!r}: "
+                                 "it would be counted twice")
+            seen[op] = label
+    if not isinstance(calls, int) or calls < 1:
+        raise ValueError(f"calls must be a positive int; got {calls!r}")
+    fn()  # warm-up: first-call costs (allocations, dispatch caches) stay out of the profile
+    self_ms = op_self_ms(lambda: [fn() for _ in range(calls)])
+    total = sum(self_ms.values())
+    if total <= 0:
+        raise RuntimeError("the profiler saw no ATen operator time in fn(): "
+                           "is there any PyTorch work in it?")
+    shares = {label: sum(self_ms.get("aten::" + op, 0.0) for op in ops) / total
+              for label, ops in groups.items()}
+    shares["other"] = 1.0 - sum(shares.values())
+    shares["ms per call"] = total / calls
+    return shares
 
 
 def operation_count(fn: Callable[[], object]) -> int:

@@ -33,6 +33,7 @@ from shared.benchmark import (
     operation_count,
     peak_memory,
     pick_device,
+    profile_shares,
     sdpa_backend_calls,
     sdpa_backend_times,
     sdpa_backends,
@@ -185,6 +186,46 @@ def test_op_self_ms_finds_where_the_time_goes():
     assert list(op_self_ms(lambda: a @ a, prefix="aten::mm")) == ["aten::mm"]
     with pytest.raises(TypeError, match="callable"):
         op_self_ms(a)
+
+
+def test_profile_shares_puts_the_time_in_the_right_group():
+    a, small = torch.randn(256, 256), torch.randn(4, 4)
+    calls = []
+
+    def fn():
+        calls.append(1)
+        return a @ a @ a @ a, small + 1  # three 256^3 products (100 MFLOP), one 16-element add
+
+    shares = profile_shares(fn, {"add": ["add"], "products": ["mm"]}, calls=2)
+    assert list(shares) == ["add", "products", "other", "ms per call"]
+    assert len(calls) == 3  # one warm-up call, then 2 profiled
+    assert shares["products"] > 0.5 > shares["add"]  # the products dominate
+    assert abs(sum(v for k, v in shares.items() if k != "ms per call") - 1) < 1e-9
+    assert all(0 <= v <= 1 for k, v in shares.items() if k not in ("other", "ms per call"))
+    assert shares["ms per call"] > 0
+    # the same call with the products not named: their time moves to "other"
+    assert profile_shares(fn, {"add": ["add"]}, calls=2)["other"] > 0.5
+
+
+@pytest.mark.parametrize("groups, error, match", [
+    ({}, TypeError, "non-empty dict"),
+    ({"products": "mm bmm"}, TypeError, "list of operator names"),
+    ({"products": ["aten::mm"]}, ValueError, "without 'aten::'"),
+    ({"a": ["mm"], "b": ["bmm", "mm"]}, ValueError, "two groups"),
+    ({"other": ["mm"]}, ValueError, "reserved"),
+])
+def test_profile_shares_rejects_bad_groups(groups, error, match):
+    a = torch.ones(3, 3)
+    with pytest.raises(error, match=match):
+        profile_shares(lambda: a @ a, groups)
+
+
+def test_profile_shares_rejects_bad_calls_and_fn():
+    a = torch.ones(3, 3)
+    with pytest.raises(ValueError, match="calls"):
+        profile_shares(lambda: a @ a, {"mm": ["mm"]}, calls=0)
+    with pytest.raises(TypeError, match="callable"):
+        profile_shares(a, {"mm": ["mm"]})
 
 
 def test_profiling_prints_nothing(capfd):

@@ -25,7 +25,7 @@ from ._core import (
 __all__ = [
     "check_previous_token_head",
     "check_position_mean_ablation",
-    "check_knock_out",
+    "check_one_head_per_layer",
     "check_fixed_period_shortcut",
     "check_duplicate_token_bug",
 ]
@@ -310,66 +310,8 @@ def check_position_mean_ablation(position_mean_ablate, prediction, model):
 
 
 # --------------------------------------------------------------------------------------------
-# 6.3 Knock a layer-0 head out of one input of layer 1: which one does the restart guess need?
+# Shared by 6.2 and 6.5: the notebook's trained model, and the loss on repeated tokens
 # --------------------------------------------------------------------------------------------
-_PATHS = ("query", "key", "value")
-# nats: the loss predicting t = 11 (the restart, 1.5 intact); the notebook's model measures about
-# 2.7 with layer 0, head 1 removed from layer 1's query input and about 1.5 with its mean there
-_RESTART_LOSS = 2.2
-_PLURAL = {"query": "queries", "key": "keys", "value": "values"}
-
-
-def _ref_knock_out(model, tokens: torch.Tensor, head: tuple, paths, *, remove: str = "head",
-                   stand_in: str = "mean", unembed_too: bool = False) -> np.ndarray:
-    """Logits ``(B, T, V)`` (float64) of a 2-layer TinyTransformer in which layer 1 computes each
-    of ``paths`` from the residual stream with the output of ``head`` (a layer-0 head) replaced
-    by a stand-in; the other inputs of layer 1 read the full stream. ``stand_in``: ``"mean"``
-    (its mean over the batch and all positions: the right thing), ``"position"`` (one mean per
-    position), ``"sequence"`` (one mean per sequence), ``"zero"`` (removed). ``remove``:
-    ``"head"`` (the right thing), ``"head+bias"`` (also layer 0's output bias, while the
-    stand-in is the head's mean) or ``"layer"`` (all of layer 0's output and its mean).
-    ``unembed_too``: the unembedding also reads the patched stream."""
-    def a(t):
-        return t.detach().double().numpy()
-
-    B, T = tokens.shape
-    H, hd = model.num_heads, model.head_dim
-    x0 = a(model.tok_emb.weight)[tokens.numpy()] + a(model.pos_emb.weight)[:T]
-    causal = np.tril(np.ones((T, T), dtype=bool))
-
-    def attend(layer, q_in, k_in, v_in):
-        def split(m):
-            return m.reshape(B, T, H, hd).transpose(0, 2, 1, 3)
-
-        Q, K, V = (split(inp @ a(lin.weight).T) for inp, lin in
-                   ((q_in, layer.W_query), (k_in, layer.W_key), (v_in, layer.W_value)))
-        w = _softmax(np.where(causal, Q @ K.transpose(0, 1, 3, 2) / np.sqrt(hd), -np.inf))
-        return (w @ V).transpose(0, 2, 1, 3).reshape(B, T, H * hd)  # (B, T, H * hd)
-
-    layer0, layer1 = model.layers[0], model.layers[1]
-    concat = attend(layer0, x0, x0, x0)
-    W0, b0 = a(layer0.out_proj.weight), a(layer0.out_proj.bias)
-    x1 = x0 + concat @ W0.T + b0
-    cols = slice(head[1] * hd, (head[1] + 1) * hd)
-    head_out = concat[..., cols] @ W0[:, cols].T  # (B, T, d)
-    part, meant = {"head": (head_out, head_out), "head+bias": (head_out + b0, head_out),
-                   "layer": (x1 - x0, x1 - x0)}[remove]
-    axes = {"mean": (0, 1), "position": (0,), "sequence": (1,)}
-    kept = 0.0 if stand_in == "zero" else meant.mean(axis=axes[stand_in], keepdims=True)
-    patched = x1 - part + kept
-    q_in, k_in, v_in = (patched if p in paths else x1 for p in _PATHS)
-    out = attend(layer1, q_in, k_in, v_in) @ a(layer1.out_proj.weight).T + a(layer1.out_proj.bias)
-    x2 = (patched if unembed_too else x1) + out
-    return x2 @ a(model.unembed.weight).T + a(model.unembed.bias)
-
-
-def _position_loss(logits: np.ndarray, tokens: torch.Tensor, query: int) -> float:
-    """Mean cross-entropy of the predictions made at ``query`` (of token ``query + 1``)."""
-    z = logits[:, query] - logits[:, query].max(axis=-1, keepdims=True)
-    logp = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
-    return float(-np.take_along_axis(logp, tokens[:, query + 1].numpy()[:, None], axis=-1).mean())
-
-
 def _repeat_loss(logits: np.ndarray, tokens: torch.Tensor) -> float:
     """Mean cross-entropy of the predictions made at repeated tokens."""
     from ..tiny_transformer import seen_before
@@ -402,113 +344,137 @@ def _trained_notebook_model(model, exercise: str):
     return tokens, (0, int(prev.argmax()))
 
 
-def _path_model(seed: int):
+# --------------------------------------------------------------------------------------------
+# 6.3 One head per layer: does the circuit still form? (predict, then measure)
+# --------------------------------------------------------------------------------------------
+# share of repeats right: the 1-head model ends near 1.0 (seed 2), the 1-layer control near 0.3
+_ENOUGH_ACCURACY = 0.9
+_ONE_HEAD: dict = {}  # the one-head-per-layer model, trained once per session
+
+
+def _one_head_model():
+    """The notebook's two-layer model with one head per layer (d_head = 32), trained with the
+    notebook's settings (seed 2, 300 steps)."""
+    from ..tiny_transformer import TinyTransformer, train
+
+    if "model" not in _ONE_HEAD:
+        state = torch.random.get_rng_state()
+        try:
+            torch.manual_seed(2)
+            model = TinyTransformer(_VOCAB, _T, d_model=32, num_heads=1, num_layers=2)
+            train(model, 300, min_period=4, max_period=12, batch_size=48, lr=1e-2, seed=2)
+        finally:
+            torch.random.set_rng_state(state)
+        _ONE_HEAD["model"] = model.eval()
+    return _ONE_HEAD["model"]
+
+
+def _ref_circuit_scores(model, tokens, *, prev_layer=0, ind_layer=1, prev_rows="first half",
+                        pool="max") -> np.ndarray:
+    """(previous-token score, induction score), float64: the best layer-``prev_layer`` head's
+    weight on key i - 1 over queries 1..10 and the best layer-``ind_layer`` head's induction
+    score, each averaged over the batch (the reference and its typical variants)."""
+    from ..tiny_transformer import attention_score, induction_mask, previous_token_mask
+
+    with torch.no_grad():
+        w = model(tokens, return_weights=True)[1].double()  # (B, layers, heads, T, T)
+    T = tokens.shape[1]
+    rows = {"first half": torch.arange(T)[:, None] <= 10, "all": torch.ones(T, 1, dtype=torch.bool),
+            "second half": torch.arange(T)[:, None] > 10}[prev_rows]
+    prev = attention_score(w[:, prev_layer], previous_token_mask(T) & rows).mean(dim=0)  # (heads,)
+    target = torch.stack([induction_mask(x) for x in tokens])[:, None]  # (B, 1, T, T)
+    ind = attention_score(w[:, ind_layer], target).mean(dim=0)  # (heads,)
+    take = (lambda s: s.max()) if pool == "max" else (lambda s: s.mean())
+    return np.array([float(take(prev)), float(take(ind))])
+
+
+def _score_model(seed: int, heads: int):
     from ..tiny_transformer import TinyTransformer, repeated_tokens
 
     torch.manual_seed(seed)
-    model = TinyTransformer(11, 9, d_model=12, num_heads=3, num_layers=2).eval()
-    with torch.no_grad():  # visible output biases
+    model = TinyTransformer(_VOCAB, _T, d_model=24, num_heads=heads, num_layers=2).eval()
+    with torch.no_grad():  # sharper, more different heads than a fresh init
         for layer in model.layers:
-            layer.out_proj.bias.normal_()
-    tokens = repeated_tokens(6, 9, 11, 3, 4, generator=torch.Generator().manual_seed(seed))
+            for lin in (layer.W_query, layer.W_key):
+                lin.weight.mul_(4.0)
+    tokens = repeated_tokens(8, _T, _VOCAB, 4, 12, generator=torch.Generator().manual_seed(seed))
     return model, tokens
 
 
 @_checker
-def check_knock_out(mean_in_path, comes_back, model):
-    """``mean_in_path(model, tokens, head, path)`` -> logits ``(B, T, vocab_size)`` of the 2-layer
-    ``TinyTransformer`` ``model`` on ``tokens`` ``(B, T)`` in which layer 1 computes its
-    ``path`` (``"query"``, ``"key"`` or ``"value"``) input from the residual stream with the
-    output of ``head`` (a layer-0 head ``(0, h)``) replaced by its mean over the batch and all
-    positions of ``tokens``, and everything else as usual. ``comes_back``: True or False, your
-    prediction whether, with the mean of the layer-0 head that is not the previous-token head in
-    layer 1's query input, the loss predicting t = 11 comes back below 2.2 nats (it is above
-    that with the head removed there). ``model``: the notebook's trained model, on which the
-    checker measures it (hidden batch, period 10)."""
-    if callable(mean_in_path) and not _core._did_work(mean_in_path):
-        _call(mean_in_path, None, None, None, None, name="mean_in_path")  # a stub
-    if comes_back is None:
-        raise _NotAttempted("write your prediction into comes_back first: the checker "
-                            "measures only once it is filled in")
-    if not isinstance(comes_back, (bool, np.bool_)):
-        raise _Wrong(f"set comes_back to True or False (does the loss predicting t = 11 come "
-                     f"back below {_RESTART_LOSS} nats with the mean in place?); "
-                     f"got {comes_back!r}")
-    for seed, h, path in ((631, 1, "key"), (632, 2, "query"), (633, 0, "value")):
-        net, tokens = _path_model(seed)
-        before = {k: v.clone() for k, v in net.state_dict().items()}
-        out = _call(mean_in_path, net, tokens, (0, h), path, copy=False, name="mean_in_path")
-        if isinstance(out, tuple):
-            out = out[0]
-        if isinstance(out, torch.nn.Module):
-            raise _Wrong("return the logits (B, T, vocab_size), not a model")
-        got = _arr(out, "the logits")
-        ok = _ref_knock_out(net, tokens, (0, h), [path])
-        _shape(got, ok.shape, "the logits", "(B, T, vocab_size)")
-        if any(not torch.equal(before[k], v) for k, v in net.state_dict().items()):
-            raise _Wrong("the model you were given has changed: compute the forward pass "
-                         "without writing into its weights (or change a copy)")
+def check_one_head_per_layer(circuit_scores, one_head_enough):
+    """``circuit_scores(model, tokens)`` -> ``(prev, ind)``, two numbers: the previous-token
+    score (weight on key i - 1) of layer 0's best head over queries 1 to 10, and the induction
+    score of layer 1's best head, each averaged over the batch ``tokens`` ``(B, T)``.
+    ``one_head_enough``: True or False, your prediction whether the notebook's two-layer model
+    with ONE head per layer (d_head = 32), trained like the notebook's (seed 2, 300 steps), gets
+    more than 0.9 of the repeated tokens right; the checker trains it (about a second) only once
+    the prediction is filled in."""
+    if callable(circuit_scores) and not _core._did_work(circuit_scores):
+        _call(circuit_scores, None, None, name="circuit_scores")  # a stub
+    if one_head_enough is None:
+        raise _NotAttempted("write your prediction into one_head_enough first: the checker "
+                            "trains and measures only once it is filled in")
+    if not isinstance(one_head_enough, (bool, np.bool_)):
+        raise _Wrong(f"set one_head_enough to True or False (more than {_ENOUGH_ACCURACY} of the "
+                     f"repeated tokens right with one head per layer?); got {one_head_enough!r}")
+    for seed, heads in ((641, 3), (642, 2), (643, 4)):
+        net, tokens = _score_model(seed, heads)
+        out = _call(circuit_scores, net, tokens, name="circuit_scores")
+        if isinstance(out, torch.Tensor):
+            out = out.detach()
+        try:
+            got = np.array([float(v) for v in out], dtype=float)
+        except (TypeError, ValueError):
+            raise _Wrong("return two numbers, (prev, ind): the previous-token score of layer "
+                         "0's best head and the induction score of layer 1's best head; "
+                         f"got {out!r}") from None
+        if got.shape != (2,):
+            raise _Wrong(f"return two numbers, (prev, ind); got {got.size} (one score per head? "
+                         "take the best head of each layer)")
+        ok = _ref_circuit_scores(net, tokens)
         if _close(got, ok, 1e-4):
             continue
-        for other in _PATHS:
-            if other != path and _close(got, _ref_knock_out(net, tokens, (0, h), [other]), 1e-4):
-                raise _Wrong(f"asked for path={path!r}, you patched layer 1's {other} input "
-                             "instead")
-        for g in range(net.num_heads):
-            if g != h and _close(got, _ref_knock_out(net, tokens, (0, g), [path]), 1e-4):
-                raise _Wrong(f"you replaced head {g} of layer 0, not head {h}: head h owns the "
-                             "features h*head_dim:(h+1)*head_dim of the concatenation")
+        if _close(got, ok[::-1], 1e-4):
+            raise _Wrong("the two scores are swapped: return (previous-token score, "
+                         "induction score)")
         _diagnose(got, [
-            ("nothing changed: the logits are the unablated model's",
-             _ref_knock_out(net, tokens, (0, h), [])),
-            ("you removed the head from that input (section 8's test): put its mean in its "
-             "place", _ref_knock_out(net, tokens, (0, h), [path], stand_in="zero")),
-            ("you kept one mean per position (averaged over the batch only): take one vector, "
-             "averaged over the batch and all positions",
-             _ref_knock_out(net, tokens, (0, h), [path], stand_in="position")),
-            ("you kept one mean per sequence (averaged over its positions only): take one "
-             "vector, averaged over the batch and all positions",
-             _ref_knock_out(net, tokens, (0, h), [path], stand_in="sequence")),
-            ("that is mean ablation of the whole head (ablate_heads with mean_over): the mean "
-             "also reached layer 1's other inputs and the unembedding; patch only the one "
-             "path's input", _ref_knock_out(net, tokens, (0, h), _PATHS, unembed_too=True)),
-            ("you patched all three of layer 1's inputs (queries, keys and values); patch only "
-             "the one named by path", _ref_knock_out(net, tokens, (0, h), _PATHS)),
-            ("the stream that reaches the unembedding is patched too: layer 1's output must be "
-             "added to the full stream x + layer 0's output; only the path's input changes",
-             _ref_knock_out(net, tokens, (0, h), [path], unembed_too=True)),
-            ("you also removed layer 0's output bias b_o: it belongs to no head, keep it",
-             _ref_knock_out(net, tokens, (0, h), [path], remove="head+bias")),
-            ("you replaced all of layer 0's output by its mean, not only the one head's",
-             _ref_knock_out(net, tokens, (0, h), [path], remove="layer")),
+            ("the previous-token score counts every query: take queries 1 to 10 only, where the "
+             "previous-token head is sharp (section 6)",
+             _ref_circuit_scores(net, tokens, prev_rows="all")),
+            ("the previous-token score counts queries 11 to 20: take queries 1 to 10",
+             _ref_circuit_scores(net, tokens, prev_rows="second half")),
+            ("you averaged the heads of a layer: take the best head (the highest score) of each",
+             _ref_circuit_scores(net, tokens, pool="mean")),
+            ("the layers are swapped: the previous-token head sits in layer 0, the induction "
+             "head in layer 1", _ref_circuit_scores(net, tokens, prev_layer=1, ind_layer=0)),
+            ("both scores come from layer 1: the previous-token score belongs to layer 0",
+             _ref_circuit_scores(net, tokens, prev_layer=1)),
+            ("both scores come from layer 0: the induction score belongs to layer 1",
+             _ref_circuit_scores(net, tokens, ind_layer=0)),
         ], atol=1e-4)
-        raise _Wrong(f"the logits differ from the answer by up to {_maxdiff(got, ok)} (path="
-                     f"{path!r}, head (0, {h}))")
-    tokens, prev = _trained_notebook_model(model, "knock_out")
-    other = (0, 1 - prev[1])  # the layer-0 head that is not the previous-token head
-    intact = _position_loss(_ref_knock_out(model, tokens, other, []), tokens, 10)
-    zero = {p: _position_loss(_ref_knock_out(model, tokens, other, [p], stand_in="zero"),
-                              tokens, 10) for p in _PATHS}
-    mean = {p: _position_loss(_ref_knock_out(model, tokens, other, [p]), tokens, 10)
-            for p in _PATHS}
-    measured = mean["query"] < _RESTART_LOSS
-    if bool(comes_back) != measured:
-        numbers = (f"with the mean in layer 1's query input the loss predicting t = 11 is, on a "
-                   f"hidden batch, {mean['query']:.2f} (removed: {zero['query']:.2f}; intact "
-                   f"{intact:.2f})")
+        raise _Wrong(f"the scores differ from the answer by up to {_maxdiff(got, ok)} on a hidden "
+                     f"model with {heads} heads per layer")
+    model = _one_head_model()
+    tokens = _hidden_batch(10, 640)
+    accuracy, _ = _repeat_accuracy(model, tokens)
+    prev, ind = (float(v) for v in _call(circuit_scores, model, tokens, name="circuit_scores"))
+    measured = accuracy > _ENOUGH_ACCURACY
+    params = sum(p.numel() for p in model.parameters())
+    numbers = (f"one head per layer ({params:,d} parameters, as many as the notebook's model), on "
+               f"a hidden period-10 batch: {accuracy:.2f} of the repeats right; layer 0's head "
+               f"previous-token score {prev:.2f} on queries 1-10, layer 1's head induction score "
+               f"{ind:.2f}")
+    if bool(one_head_enough) != measured:
         if measured:
-            raise _Wrong(f"{numbers}: the guess comes back. Compare the head's distance from zero "
-                         "with its distance from its mean (section 8's table): what did removing "
-                         "it take away that the mean puts back?")
-        raise _Wrong(f"{numbers}: the guess needs what the head writes, not only its average")
-    table = "; ".join(f"{p} {zero[p]:.2f} / {mean[p]:.2f}" for p in _PATHS)
-    prev_keys = _repeat_loss(_ref_knock_out(model, tokens, prev, ["key"]), tokens)
-    return (f"on a hidden batch, loss predicting t = 11 with layer 0, head {other[1]} removed / "
-            f"replaced by its mean in layer 1's input: {table} (intact {intact:.2f}). The query "
-            "missed the constant part of the head's output, not what it says about a sequence: "
-            "zero is an input layer 1 never saw in training. The previous-token head is "
-            f"different: its mean in the keys leaves a repeat loss of {prev_keys:.2f}, as its "
-            "letter is what the keys need.")
+            raise _Wrong(f"{numbers}. Induction needs one head in each of two layers, one to write "
+                         "the previous letter, one to match it; the one-layer control had two "
+                         "heads and failed because both sat in the same layer")
+        raise _Wrong(f"{numbers}: this run did not form the circuit in 300 steps")
+    if measured:
+        return (f"{numbers}. The same circuit, one head each: depth, not width, makes induction "
+                "(the one-layer control had two heads and failed).")
+    return f"{numbers}: this run did not form the circuit in 300 steps."
 
 
 # --------------------------------------------------------------------------------------------

@@ -239,64 +239,75 @@ def pma_returns_model(model, tokens, heads):
 
 
 # 6.3 ------------------------------------------------------------------------------------------
-def _loop_scores(model, tokens, prev_layer=0, ind_layer=1, prev_queries=range(1, 11), pool=max):
-    """Both scores written as loops over sequences, heads and queries (independent of shared)."""
+def _head_maps(model, h0, h1, columns=False):
+    """(W_QK of layer-1 head h1, W_OV of layer-0 and of layer-1 head), (d, d) each, float64, read
+    off the modules by feeding them the identity (not by slicing their weights)."""
+    d, hd = model.d_model, model.head_dim
+    eye = torch.eye(d, dtype=torch.float64)
+    L0, L1 = (copy.deepcopy(layer).double() for layer in model.layers)
+
+    def cols(lin, h):  # (d, hd): x -> the head's features; `columns`: the wrong slice of W^T
+        if columns:
+            return lin.weight[:, h * hd:(h + 1) * hd]
+        return (lin(eye) - (lin.bias if lin.bias is not None else 0))[:, h * hd:(h + 1) * hd]
+
+    def ov(layer, h):  # (d, d): x -> the head's write-out, x W_V^h W_O^h
+        ctx = torch.zeros(d, model.num_heads * hd, dtype=torch.float64)
+        ctx[:, h * hd:(h + 1) * hd] = cols(layer.W_value, h)
+        return layer.out_proj(ctx) - layer.out_proj.bias
+
     with torch.no_grad():
-        w = model(tokens, return_weights=True)[1]  # (B, layers, heads, T, T)
-    B, T = tokens.shape
-    prev, ind = [], []
-    for h in range(model.num_heads):
-        prev.append(sum(sum(float(w[b, prev_layer, h, i, i - 1]) for i in prev_queries) / len(prev_queries)
-                        for b in range(B)) / B)
-        total = 0.0
-        for b in range(B):
-            x = tokens[b].tolist()
-            rows = [[k for k in range(1, i + 1) if x[k - 1] == x[i]] for i in range(T)]
-            hit = [sum(float(w[b, ind_layer, h, i, k]) for k in ks) for i, ks in enumerate(rows) if ks]
-            total += sum(hit) / len(hit)
-        ind.append(total / B)
-    return pool(prev), pool(ind)
+        qk = cols(L1.W_query, h1) @ cols(L1.W_key, h1).T
+        return qk, ov(L0, h0), ov(L1, h1)
 
 
-def cs_ok(model, tokens):
-    return _loop_scores(model, tokens)
+def _kc(model, how="ok"):
+    H = model.num_heads
+    out = torch.zeros(H, H, dtype=torch.float64)
+    for h0 in range(H):
+        for h1 in range(H):
+            qk, ov0, ov1 = _head_maps(model, h0, h1, columns=how == "columns")
+            prod = {"ok": qk @ ov0.T, "columns": qk @ ov0.T, "no_t": qk @ ov0, "q": ov0 @ qk,
+                    "v": ov0 @ ov1, "raw": qk @ ov0.T}[how]
+            norm = 1.0 if how == "raw" else (ov1 if how == "v" else qk).norm() * ov0.norm()
+            out[h0, h1] = prod.norm() / norm
+    return out
 
 
-def cs_all_queries(model, tokens):
-    return _loop_scores(model, tokens, prev_queries=range(1, tokens.shape[1]))
+def kc_ok(model):
+    return _kc(model)
 
 
-def cs_second_half(model, tokens):
-    return _loop_scores(model, tokens, prev_queries=range(11, tokens.shape[1]))
+def kc_no_transpose(model):
+    return _kc(model, "no_t")
 
 
-def cs_mean_heads(model, tokens):
-    return _loop_scores(model, tokens, pool=lambda s: sum(s) / len(s))
+def kc_query_side(model):
+    return _kc(model, "q")
 
 
-def cs_layers_swapped(model, tokens):
-    return _loop_scores(model, tokens, prev_layer=1, ind_layer=0)
+def kc_values(model):
+    return _kc(model, "v")
 
 
-def cs_both_layer_1(model, tokens):
-    return _loop_scores(model, tokens, prev_layer=1)
+def kc_no_norms(model):
+    return _kc(model, "raw")
 
 
-def cs_both_layer_0(model, tokens):
-    return _loop_scores(model, tokens, ind_layer=0)
+def kc_columns(model):
+    return _kc(model, "columns")
 
 
-def cs_swapped(model, tokens):
-    return cs_ok(model, tokens)[::-1]
+def kc_transposed(model):
+    return _kc(model).T
 
 
-def cs_per_head(model, tokens):  # every head's pair instead of the best of each layer
-    return [cs_ok(model, tokens)[0]] * model.num_heads
+def kc_one_number(model):
+    return float(_kc(model).max())
 
 
-def cs_wrong(model, tokens):
-    prev, ind = cs_ok(model, tokens)
-    return prev, ind * 0.9
+def kc_wrong(model):
+    return _kc(model) * 1.1
 
 
 # 6.4 ------------------------------------------------------------------------------------------
@@ -395,23 +406,24 @@ CASES = [
      "the model you were given has"),
     (C.check_position_mean_ablation, (pma_returns_model, "worse", NB), False, "not a model"),
     # 6.3
-    (C.check_one_head_per_layer, (cs_ok, True), True, OK),
-    (C.check_one_head_per_layer, (cs_ok, True), True, "depth, not width"),
-    (C.check_one_head_per_layer, (stub, None), None, NA),
-    (C.check_one_head_per_layer, (stub, True), None, NA),
-    (C.check_one_head_per_layer, (cs_ok, None), None, "write your prediction into one_head_enough"),
-    (C.check_one_head_per_layer, (cs_ok, False), False, "Induction needs one head in each of two layers"),
-    (C.check_one_head_per_layer, (cs_ok, "yes"), False, "set one_head_enough to True or False"),
-    (C.check_one_head_per_layer, (cs_all_queries, True), False, "counts every query"),
-    (C.check_one_head_per_layer, (cs_second_half, True), False, "counts queries 11 to 20"),
-    (C.check_one_head_per_layer, (cs_mean_heads, True), False, "you averaged the heads of a layer"),
-    (C.check_one_head_per_layer, (cs_layers_swapped, True), False, "the layers are swapped"),
-    (C.check_one_head_per_layer, (cs_both_layer_1, True), False, "both scores come from layer 1"),
-    (C.check_one_head_per_layer, (cs_both_layer_0, True), False, "both scores come from layer 0"),
-    (C.check_one_head_per_layer, (cs_swapped, True), False, "the two scores are swapped"),
-    (C.check_one_head_per_layer, (cs_per_head, True), False, "take the best head of each layer"),
-    (C.check_one_head_per_layer, (cs_wrong, True), False, "differ from the answer by up to"),
     # 6.4 (10 of the 14 repeated queries of a period-5 sequence find their copy 9 back: 10 / 14)
+    (C.check_k_composition, (kc_ok, "0.2 to 0.7", NB), True, OK),
+    (C.check_k_composition, (kc_ok, "0.2 to 0.7", NB), True, "point to K-composition"),
+    (C.check_k_composition, (stub, None, None), None, NA),
+    (C.check_k_composition, (stub, "0.2 to 0.7", None), None, NA),
+    (C.check_k_composition, (kc_ok, None, None), None, "write your prediction into prediction"),
+    (C.check_k_composition, (kc_ok, "above 0.7", NB), False, "your prediction is not"),
+    (C.check_k_composition, (kc_ok, "below 0.2", NB), False, "against its untrained level"),
+    (C.check_k_composition, (kc_ok, "high", NB), False, "set prediction to one of"),
+    (C.check_k_composition, (kc_ok, "0.2 to 0.7", NB0), False, "has not learned the task"),
+    (C.check_k_composition, (kc_no_transpose, "0.2 to 0.7", NB), False, "needs W_OV transposed"),
+    (C.check_k_composition, (kc_query_side, "0.2 to 0.7", NB), False, "you measured Q-composition"),
+    (C.check_k_composition, (kc_values, "0.2 to 0.7", NB), False, "you measured V-composition"),
+    (C.check_k_composition, (kc_no_norms, "0.2 to 0.7", NB), False, "divide by both Frobenius norms"),
+    (C.check_k_composition, (kc_columns, "0.2 to 0.7", NB), False, "are rows of an nn.Linear weight"),
+    (C.check_k_composition, (kc_transposed, "0.2 to 0.7", NB), False, "rows and columns are swapped"),
+    (C.check_k_composition, (kc_one_number, "0.2 to 0.7", NB), False, "one score per"),
+    (C.check_k_composition, (kc_wrong, "0.2 to 0.7", NB), False, "differ from the answer by up to"),
     (C.check_fixed_period_shortcut, ([5, 10], sa_ok), True, "0.71 at period 5"),
     (C.check_fixed_period_shortcut, ((10, 5), sa_ok), True, OK),
     (C.check_fixed_period_shortcut, (None, stub), None, "write your prediction into works_on"),
@@ -491,7 +503,7 @@ def test_the_shortcut_mistakes_are_all_different_on_the_hidden_cases():
 def test_every_checker_is_covered_three_ways():
     """Each checker: a correct answer, the stub, and at least two different wrong answers."""
     assert ex.nb06.__all__ == ["check_previous_token_head", "check_position_mean_ablation",
-                               "check_one_head_per_layer", "check_fixed_period_shortcut",
+                               "check_k_composition", "check_fixed_period_shortcut",
                                "check_duplicate_token_bug"]
     dup = [(C.check_duplicate_token_bug, None, {OK: True, NA: None}.get(expected, False), expected)
            for _, _, expected in DUP_CASES] + [(C.check_duplicate_token_bug, None, None, NA)]
@@ -530,22 +542,27 @@ def test_the_references_agree_with_the_course_module():
 
 
 
-def test_the_score_mistakes_are_all_different_on_the_hidden_cases():
+def test_the_composition_mistakes_are_all_different_on_the_hidden_cases():
     """No two of the answers 6.3's checker tells apart coincide on all of its hidden models."""
-    from shared.exercises.nb06 import _score_model
+    from shared.exercises.nb06 import _k_models
 
-    answers = [cs_ok, cs_all_queries, cs_second_half, cs_mean_heads, cs_layers_swapped,
-               cs_both_layer_1, cs_both_layer_0, cs_swapped]
-    gaps = np.zeros((len(answers), len(answers)))
-    for seed, heads in ((641, 3), (642, 2), (643, 4)):
-        model, tokens = _score_model(seed, heads)
-        outs = [np.array(f(model, tokens), dtype=float) for f in answers]
+    answers = [kc_ok, kc_no_transpose, kc_query_side, kc_values, kc_no_norms, kc_columns, kc_transposed]
+    for model, _ in _k_models():
+        outs = [f(model).numpy() for f in answers]
         for i in range(len(outs)):
             for j in range(i):
-                gaps[i, j] = max(gaps[i, j], float(np.abs(outs[i] - outs[j]).max()))
-    for i in range(len(answers)):
-        for j in range(i):
-            assert gaps[i, j] > 1e-3, (answers[i].__name__, answers[j].__name__, gaps[i, j])
+                assert np.abs(outs[i] - outs[j]).max() > 1e-3, (answers[i].__name__, answers[j].__name__)
+
+
+def test_k_composition_on_the_notebook_model_sits_inside_its_band():
+    """The checker's verdict for 6.3 ("0.2 to 0.7"), with this file's own K scores: the
+    previous-token head (0, 0) with both layer-1 heads, well inside the band; the untrained
+    model's scores all below 0.2, and training lowers the Q scores of that head."""
+    trained, untrained = notebook_model(), untrained_model()
+    k = kc_ok(trained)
+    assert 0.25 < k[0].min() and k[0].max() < 0.4, k
+    assert kc_ok(untrained).max() < 0.2
+    assert kc_query_side(trained)[0].max() < kc_query_side(untrained).min()
 
 
 def test_per_position_means_are_worse_than_one_mean_on_an_independent_batch():
@@ -561,7 +578,7 @@ def test_checkers_leave_the_global_random_state_alone(capsys):
     model = notebook_model()
     torch.manual_seed(7)
     ex.check_position_mean_ablation(pma_ok, "worse", model)
-    ex.check_one_head_per_layer(cs_ok, True)
+    ex.check_k_composition(kc_ok, "0.2 to 0.7", model)
     ex.check_fixed_period_shortcut([5, 10], sa_ok)
     capsys.readouterr()
     after_torch, after_np = torch.rand(3), np.random.random(3)  # noqa: NPY002
@@ -595,21 +612,6 @@ def test_a_repeated_design_miss_gets_the_fix(capsys):
     assert "Two dimensions are enough" in again.message and "pseudo-inverse" in again.message
     assert ex.check_previous_token_head(prev_ok).passed  # a right answer after misses still passes
     capsys.readouterr()
-
-
-def test_one_head_per_layer_forms_the_circuit_on_an_independent_batch():
-    """The checker's verdict for 6.3 (more than 0.9 of the repeats right), measured here on a
-    batch of our own with argmax over the model's logits, with a wide margin; the loop scores
-    show the previous-token and induction heads."""
-    torch.manual_seed(2)
-    model = TinyTransformer(27, 21, d_model=32, num_heads=1, num_layers=2)
-    train(model, 300, min_period=4, max_period=12, batch_size=48, lr=1e-2, seed=2)
-    x = repeated_tokens(128, 21, 27, 10, generator=torch.Generator().manual_seed(5))
-    with torch.no_grad():
-        right = model(x)[:, 11:20].argmax(dim=-1) == x[:, 12:21]  # queries 11-19 predict 12-20
-    assert right.float().mean().item() > 0.99
-    prev, ind = cs_ok(model, x[:16])
-    assert prev > 0.8 and ind > 0.8, (prev, ind)
 
 
 # ---- 6.5 the duplicate-token bug: x_k == x_i instead of x_{k-1} == x_i -------------------------

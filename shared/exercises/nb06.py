@@ -25,7 +25,7 @@ from ._core import (
 __all__ = [
     "check_previous_token_head",
     "check_position_mean_ablation",
-    "check_one_head_per_layer",
+    "check_k_composition",
     "check_fixed_period_shortcut",
     "check_duplicate_token_bug",
 ]
@@ -345,136 +345,127 @@ def _trained_notebook_model(model, exercise: str):
 
 
 # --------------------------------------------------------------------------------------------
-# 6.3 One head per layer: does the circuit still form? (predict, then measure)
+# 6.3 K-composition from the weights alone (predict, then measure)
 # --------------------------------------------------------------------------------------------
-# share of repeats right: the 1-head model ends near 1.0 (seed 2), the 1-layer control near 0.3
-_ENOUGH_ACCURACY = 0.9
-_ONE_HEAD: dict = {}  # the one-head-per-layer model, trained once per session
+_K_BANDS = (("below 0.2", 0.0, 0.2), ("0.2 to 0.7", 0.2, 0.7), ("above 0.7", 0.7, 1.0 + 1e-9))
 
 
-def _one_head_model():
-    """The notebook's two-layer model with one head per layer (d_head = 32), trained with the
-    notebook's settings (seed 2, 300 steps)."""
-    from ..tiny_transformer import TinyTransformer, train
+def _head_mats(model, h0: int, h1: int, variant: str = "ok"):
+    """(W_QK of layer-1 head h1, W_OV of layer-0 head h0, W_OV of layer-1 head h1), float64
+    (d, d) each, row-vector convention: scores x_q W_QK x_k^T, outputs x W_OV."""
+    hd = model.head_dim
+    c0, c1 = slice(h0 * hd, (h0 + 1) * hd), slice(h1 * hd, (h1 + 1) * hd)
 
-    if "model" not in _ONE_HEAD:
-        state = torch.random.get_rng_state()
-        try:
-            torch.manual_seed(2)
-            model = TinyTransformer(_VOCAB, _T, d_model=32, num_heads=1, num_layers=2)
-            train(model, 300, min_period=4, max_period=12, batch_size=48, lr=1e-2, seed=2)
-        finally:
-            torch.random.set_rng_state(state)
-        _ONE_HEAD["model"] = model.eval()
-    return _ONE_HEAD["model"]
+    def head(lin, c):  # (d, hd): the head's columns of W (nn.Linear stores W^T)
+        w = lin.weight.detach().double()
+        return w[:, c] if variant == "linear columns" else w[c].T
 
-
-def _ref_circuit_scores(model, tokens, *, prev_layer=0, ind_layer=1, prev_rows="first half",
-                        pool="max") -> np.ndarray:
-    """(previous-token score, induction score), float64: the best layer-``prev_layer`` head's
-    weight on key i - 1 over queries 1..10 and the best layer-``ind_layer`` head's induction
-    score, each averaged over the batch (the reference and its typical variants)."""
-    from ..tiny_transformer import attention_score, induction_mask, previous_token_mask
-
-    with torch.no_grad():
-        w = model(tokens, return_weights=True)[1].double()  # (B, layers, heads, T, T)
-    T = tokens.shape[1]
-    rows = {"first half": torch.arange(T)[:, None] <= 10, "all": torch.ones(T, 1, dtype=torch.bool),
-            "second half": torch.arange(T)[:, None] > 10}[prev_rows]
-    prev = attention_score(w[:, prev_layer], previous_token_mask(T) & rows).mean(dim=0)  # (heads,)
-    target = torch.stack([induction_mask(x) for x in tokens])[:, None]  # (B, 1, T, T)
-    ind = attention_score(w[:, ind_layer], target).mean(dim=0)  # (heads,)
-    take = (lambda s: s.max()) if pool == "max" else (lambda s: s.mean())
-    return np.array([float(take(prev)), float(take(ind))])
+    L0, L1 = model.layers
+    W_QK = head(L1.W_query, c1) @ head(L1.W_key, c1).T
+    ov0 = head(L0.W_value, c0) @ L0.out_proj.weight.detach().double()[:, c0].T
+    ov1 = head(L1.W_value, c1) @ L1.out_proj.weight.detach().double()[:, c1].T
+    return W_QK.numpy(), ov0.numpy(), ov1.numpy()
 
 
-def _score_model(seed: int, heads: int):
-    from ..tiny_transformer import TinyTransformer, repeated_tokens
+def _ref_k_composition(model, variant: str = "ok") -> np.ndarray:
+    """(H, H) float64: [h0, h1] the K-composition score of layer-0 head h0 with layer-1 head h1
+    (and the typical variants)."""
+    H = model.num_heads
+    out = np.zeros((H, H))
+    fro = np.linalg.norm
+    for h0 in range(H):
+        for h1 in range(H):
+            how = "linear columns" if variant == "linear columns" else "ok"
+            W_QK, ov0, ov1 = _head_mats(model, h0, h1, how)
+            prod = {"no transpose": W_QK @ ov0, "query side": ov0 @ W_QK,
+                    "values": ov0 @ ov1}.get(variant, W_QK @ ov0.T)
+            first = ov1 if variant == "values" else W_QK
+            norms = 1.0 if variant == "no norms" else fro(first) * fro(ov0)
+            out[h0, h1] = fro(prod) / norms
+    return out
 
-    torch.manual_seed(seed)
-    model = TinyTransformer(_VOCAB, _T, d_model=24, num_heads=heads, num_layers=2).eval()
-    with torch.no_grad():  # sharper, more different heads than a fresh init
-        for layer in model.layers:
-            for lin in (layer.W_query, layer.W_key):
-                lin.weight.mul_(4.0)
-    tokens = repeated_tokens(8, _T, _VOCAB, 4, 12, generator=torch.Generator().manual_seed(seed))
-    return model, tokens
+
+def _k_models():
+    from ..tiny_transformer import TinyTransformer
+
+    for seed, d, heads in ((661, 24, 2), (662, 24, 3), (663, 16, 4)):
+        torch.manual_seed(seed)
+        yield TinyTransformer(_VOCAB, _T, d_model=d, num_heads=heads, num_layers=2).eval(), heads
 
 
 @_checker
-def check_one_head_per_layer(circuit_scores, one_head_enough):
-    """``circuit_scores(model, tokens)`` -> ``(prev, ind)``, two numbers: the previous-token
-    score (weight on key i - 1) of layer 0's best head over queries 1 to 10, and the induction
-    score of layer 1's best head, each averaged over the batch ``tokens`` ``(B, T)``.
-    ``one_head_enough``: True or False, your prediction whether the notebook's two-layer model
-    with ONE head per layer (d_head = 32), trained like the notebook's (seed 2, 300 steps), gets
-    more than 0.9 of the repeated tokens right; the checker trains it (about a second) only once
-    the prediction is filled in."""
-    if callable(circuit_scores) and not _core._did_work(circuit_scores):
-        _call(circuit_scores, None, None, name="circuit_scores")  # a stub
-    if one_head_enough is None:
-        raise _NotAttempted("write your prediction into one_head_enough first: the checker "
-                            "trains and measures only once it is filled in")
-    if not isinstance(one_head_enough, (bool, np.bool_)):
-        raise _Wrong(f"set one_head_enough to True or False (more than {_ENOUGH_ACCURACY} of the "
-                     f"repeated tokens right with one head per layer?); got {one_head_enough!r}")
-    for seed, heads in ((641, 3), (642, 2), (643, 4)):
-        net, tokens = _score_model(seed, heads)
-        out = _call(circuit_scores, net, tokens, name="circuit_scores")
+def check_k_composition(k_composition, prediction, model):
+    """``k_composition(model)`` -> ``(H, H)``: entry ``[h0, h1]`` the K-composition score of
+    layer-0 head h0 with layer-1 head h1. ``prediction``: the band (``"below 0.2"``, ``"0.2 to
+    0.7"`` or ``"above 0.7"``) of the trained model's score for the previous-token head with an
+    induction head; the checker measures only once it is filled in. ``model``: the notebook's
+    trained model."""
+    if callable(k_composition) and not _core._did_work(k_composition):
+        _call(k_composition, None, name="k_composition")  # a stub
+    bands = [b[0] for b in _K_BANDS]
+    if prediction is None:
+        raise _NotAttempted("write your prediction into prediction first: the checker measures "
+                            "only once it is filled in")
+    if prediction not in bands:
+        raise _Wrong(f"set prediction to one of {bands}; got {prediction!r}")
+    for net, heads in _k_models():
+        out = _call(k_composition, net, name="k_composition")
         if isinstance(out, torch.Tensor):
             out = out.detach()
         try:
-            got = np.array([float(v) for v in out], dtype=float)
+            got = np.asarray(out, dtype=float)
         except (TypeError, ValueError):
-            raise _Wrong("return two numbers, (prev, ind): the previous-token score of layer "
-                         "0's best head and the induction score of layer 1's best head; "
+            raise _Wrong(f"return an ({heads}, {heads}) array of scores, [h0, h1]; "
                          f"got {out!r}") from None
-        if got.shape != (2,):
-            raise _Wrong(f"return two numbers, (prev, ind); got {got.size} (one score per head? "
-                         "take the best head of each layer)")
-        ok = _ref_circuit_scores(net, tokens)
+        if got.shape != (heads, heads):
+            raise _Wrong(f"return one score per (layer-0 head, layer-1 head) pair, shape "
+                         f"({heads}, {heads}); got shape {got.shape} on a hidden model with "
+                         f"{heads} heads per layer")
+        ok = _ref_k_composition(net)
         if _close(got, ok, 1e-4):
             continue
-        if _close(got, ok[::-1], 1e-4):
-            raise _Wrong("the two scores are swapped: return (previous-token score, "
-                         "induction score)")
+        if _close(got, ok.T, 1e-4):
+            raise _Wrong("rows and columns are swapped: entry [h0, h1] holds layer-0 head h0 "
+                         "(rows) and layer-1 head h1 (columns)")
         _diagnose(got, [
-            ("the previous-token score counts every query: take queries 1 to 10 only, where the "
-             "previous-token head is sharp (section 6)",
-             _ref_circuit_scores(net, tokens, prev_rows="all")),
-            ("the previous-token score counts queries 11 to 20: take queries 1 to 10",
-             _ref_circuit_scores(net, tokens, prev_rows="second half")),
-            ("you averaged the heads of a layer: take the best head (the highest score) of each",
-             _ref_circuit_scores(net, tokens, pool="mean")),
-            ("the layers are swapped: the previous-token head sits in layer 0, the induction "
-             "head in layer 1", _ref_circuit_scores(net, tokens, prev_layer=1, ind_layer=0)),
-            ("both scores come from layer 1: the previous-token score belongs to layer 0",
-             _ref_circuit_scores(net, tokens, prev_layer=1)),
-            ("both scores come from layer 0: the induction score belongs to layer 1",
-             _ref_circuit_scores(net, tokens, ind_layer=0)),
+            ("the layer-0 output enters the key side: with row vectors a key reads x W_OV, so its "
+             "score is x_q W_QK (x W_OV)^T, which needs W_OV transposed",
+             _ref_k_composition(net, "no transpose")),
+            ("you measured Q-composition (the layer-0 output in the queries, or W_QK built "
+             "keys-first): K-composition puts it on the key side of W_QK",
+             _ref_k_composition(net, "query side")),
+            ("you measured V-composition (W_OV of layer 1 instead of its W_QK): K-composition "
+             "reads the keys", _ref_k_composition(net, "values")),
+            ("divide by both Frobenius norms, ||W_QK|| and ||W_OV||: the score is a ratio between "
+             "0 and 1", _ref_k_composition(net, "no norms")),
+            ("a head's features are rows of an nn.Linear weight (it stores W^T): slice "
+             "weight[h * head_dim:(h + 1) * head_dim], not its columns",
+             _ref_k_composition(net, "linear columns")),
         ], atol=1e-4)
         raise _Wrong(f"the scores differ from the answer by up to {_maxdiff(got, ok)} on a hidden "
                      f"model with {heads} heads per layer")
-    model = _one_head_model()
-    tokens = _hidden_batch(10, 640)
-    accuracy, _ = _repeat_accuracy(model, tokens)
-    prev, ind = (float(v) for v in _call(circuit_scores, model, tokens, name="circuit_scores"))
-    measured = accuracy > _ENOUGH_ACCURACY
-    params = sum(p.numel() for p in model.parameters())
-    numbers = (f"one head per layer ({params:,d} parameters, as many as the notebook's model), on "
-               f"a hidden period-10 batch: {accuracy:.2f} of the repeats right; layer 0's head "
-               f"previous-token score {prev:.2f} on queries 1-10, layer 1's head induction score "
-               f"{ind:.2f}")
-    if bool(one_head_enough) != measured:
-        if measured:
-            raise _Wrong(f"{numbers}. Induction needs one head in each of two layers, one to write "
-                         "the previous letter, one to match it; the one-layer control had two "
-                         "heads and failed because both sat in the same layer")
-        raise _Wrong(f"{numbers}: this run did not form the circuit in 300 steps")
-    if measured:
-        return (f"{numbers}. The same circuit, one head each: depth, not width, makes induction "
-                "(the one-layer control had two heads and failed).")
-    return f"{numbers}: this run did not form the circuit in 300 steps."
+    _, prev = _trained_notebook_model(model, "k_composition")
+    k = _ref_k_composition(model)
+    q = _ref_k_composition(model, "query side")
+    v = _ref_k_composition(model, "values")
+    h0 = prev[1]
+    score = float(k[h0].min())  # the weaker of its two pairs
+    measured = next(name for name, lo, hi in _K_BANDS if lo <= score < hi)
+    from ..tiny_transformer import TinyTransformer
+
+    torch.manual_seed(2)
+    k_init = _ref_k_composition(TinyTransformer(_VOCAB, _T, d_model=32, num_heads=2, num_layers=2))
+    numbers = (f"the previous-token head (layer 0, head {h0}) with the layer-1 heads: K "
+               f"{k[h0, 0]:.2f} and {k[h0, 1]:.2f}, Q {q[h0, 0]:.2f} and {q[h0, 1]:.2f}, V "
+               f"{v[h0, 0]:.2f} and {v[h0, 1]:.2f}; the other layer-0 head's K "
+               f"{k[1 - h0, 0]:.2f} and {k[1 - h0, 1]:.2f}; before training every K score lies "
+               f"from {k_init.min():.2f} to {k_init.max():.2f}")
+    if prediction != measured:
+        raise _Wrong(f"your function is right, your prediction is not: {numbers}. Even the "
+                     "pair that composes (section 8's path test) stays well below 1: read the "
+                     "score against its untrained level, not against 1")
+    return (f"{numbers}. Training raised K above its untrained level and pushed Q and V below "
+            "it: the weights alone point to K-composition, as the path test of section 8 measured.")
 
 
 # --------------------------------------------------------------------------------------------

@@ -30,8 +30,8 @@ The exercises, by notebook (the checker names say what they check):
   ``check_training_peak``, ``check_saved_bytes``, ``check_flash_block_prediction``,
   ``check_flash_block_sizes``, ``check_largest_head_dim``, ``check_halving_prediction``,
   ``check_block_for_memory``.
-* 06: ``check_previous_token_head``, ``check_position_mean_ablation``,
-  ``check_one_head_per_layer``, ``check_fixed_period_shortcut``, ``check_duplicate_token_bug``.
+* 06: ``check_previous_token_head``, ``check_position_mean_ablation``, ``check_k_composition``,
+  ``check_fixed_period_shortcut``, ``check_duplicate_token_bug``.
 * 07: ``check_ntk_prediction``, ``check_ntk_base``, ``check_ntk_outcome``,
   ``check_rope_bug_prediction``, ``check_catches_bug``, ``check_to_half_split``,
   ``check_alibi_mass_beyond``.

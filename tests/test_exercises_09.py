@@ -552,14 +552,14 @@ def test_prediction_checkers_measure_the_model():
 PREDICTIONS = [  # (checker, guesses right and wrong); the guesses avoid the measured digits
     (C.check_punctuation_guess, [{"best head": 0.17, "uniform head": 0.09}, {"best head": 0.9, "uniform head": 0.3},
                                  {"best head": 0.01, "uniform head": 0.01}]),
-    (C.check_silencing_prediction, [8, 0.5, 3, 40]),
     (C.check_carrier_prediction, [0.35, 0.1, 0.8]),
 ]
 
 
 def test_prediction_checkers_do_not_reveal_the_measurement(capsys):
     """A prediction checker grades the guess but never prints the number measured in the next step:
-    none of the measured values, at 1, 2 or 3 decimals, appears in what it prints."""
+    none of the measured values, at 1, 2 or 3 decimals, appears in what it prints. 9.3b's checker,
+    whose measurement (9.3c) is optional, shows it once the guess is graded."""
     m, split = ex.nb09._minilm_measurements(), ex.nb09._split_measurements()
     measured = {
         "check_punctuation_guess": [m["best head"], m["uniform head"]],
@@ -574,6 +574,15 @@ def test_prediction_checkers_do_not_reveal_the_measurement(capsys):
                 for digits in (1, 2, 3) if checker is not C.check_punctuation_guess else (2, 3):
                     shown = f"{value:.{digits}f}"
                     assert shown not in out.replace("0.05", "").replace("0.01", ""), (checker.__name__, shown, out)
+    # 9.3b's checker shows the measured ratio (and both changes) once a guess is graded, hit or miss;
+    # m["change"] is checked against silence_by_hand (no hooks) in the test above
+    ratio = m["change"]["lowest"] / m["change"]["highest"]
+    for guess in (8, 0.5, 3, 40):
+        result, out = run(capsys, C.check_silencing_prediction, guess)
+        assert result.passed is True, out
+        assert f"Measured: ratio {ratio:.1f}" in out and all(f"{v:.4f}" in out for v in m["change"].values()), out
+    result, out = run(capsys, C.check_silencing_prediction, None)
+    assert "Measured" not in out and f"{ratio:.1f}" not in out, out
     # the measuring checkers do show them
     result, out = run(capsys, C.check_punctuation_head, punct_ok_scores(), (3, 11))
     assert f"{m['best head']:.3f}" in out and f"{m['uniform head']:.3f}" in out, out

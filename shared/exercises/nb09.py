@@ -583,7 +583,8 @@ def _prediction_checker(body):
     quite" (``_Wrong``), a guess the measurement bears out "correct!". A guess that misses is no
     mistake: the body raises ``_Missed(line)`` and the check passes (the prediction was made) with
     ``line``, which starts with "recorded:", never with "correct!" or "not quite". Neither says the
-    measured number: the exercise's measuring checker shows it, next to the guess."""
+    measured number where a later step of the exercise measures it (9.2, 9.4); 9.3b's body adds it,
+    since its measurement is optional (9.3c)."""
     missed = []
 
     def guarded(*args, **kwargs):
@@ -736,7 +737,8 @@ def check_silencing_prediction(my_silencing_guess):
     """``my_silencing_guess``: a positive number, how many times more the 10 lowest-[CLS] heads
     change the six sentence embeddings (mean 1 - cos) than the 10 highest-[CLS] heads when
     silenced, change(lowest) / change(highest). Borne out within a factor of 2 of the model's
-    ratio; the measured changes are shown by ``check_random_sets`` (9.3c), never here."""
+    ratio. Once a guess is graded (borne out or missed), the line ends with the measured ratio and
+    the two changes, so the learner sees the measurement right after committing to a number."""
     if my_silencing_guess is None:
         raise _NotAttempted("write a number in my_silencing_guess; it is graded once it is "
                             "filled in")
@@ -749,23 +751,24 @@ def check_silencing_prediction(my_silencing_guess):
     change = _minilm_measurements()["change"]
     ratio = change["lowest"] / change["highest"]
     guess = float(my_silencing_guess)
+    measured = (f" Measured: ratio {ratio:.1f} (mean 1 - cos {change['lowest']:.4f} with the "
+                f"lowest set silenced, {change['highest']:.4f} with the highest).")
     if guess < 1:
         raise _Missed(f"recorded: you guessed {guess:g}, the highest-[CLS] set mattering more. "
                       "What closes the gap: the lowest-[CLS] set changes the embeddings more, "
-                      "as the small [CLS] value vectors of section 7 suggest; 9.3c measures by "
-                      "how much.")
+                      "as the small [CLS] value vectors of section 7 suggest." + measured)
     if guess < ratio / _RATIO_FACTOR:
         raise _Missed(f"recorded: you guessed {guess:g}; the measured ratio is more than twice "
                       "that. What closes the gap: section 7's value sizes are per head, but a "
                       "silenced head also changes every layer after it, and the two sets come "
-                      "from different layers. 9.3c measures the two changes.")
+                      "from different layers." + measured)
     if guess > ratio * _RATIO_FACTOR:
         raise _Missed(f"recorded: you guessed {guess:g}; the measured ratio is less than half "
-                      "that. What closes the gap: the [CLS]-heavy heads still pass on something; "
-                      "9.3c measures the two changes.")
-    return (f"you guessed {guess:g}, within a factor of 2 of the measured ratio; 9.3c measures "
-            "the two changes. But the two sets come from different layers: before concluding, "
-            "compare random sets of 10, or heads of the same layers.")
+                      "that. What closes the gap: the [CLS]-heavy heads still pass on "
+                      "something." + measured)
+    return (f"you guessed {guess:g}, within a factor of 2 of the measured ratio." + measured
+            + " But the two sets come from different layers: before concluding, compare random "
+            "sets of 10 (9.3c), or heads of the same layers.")
 
 
 _PCT_TOL = 10  # a guessed percentile within 10 points of the learner's measured one is borne out

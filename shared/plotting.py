@@ -619,7 +619,7 @@ def plot_error_dots(errors: dict, xlabel: str, title: str, unit: str = "%"):
     styles = [("o", "tab:green"), ("s", "tab:red"), ("^", "tab:purple"), ("D", "tab:blue")]
     if len(series) > len(styles):
         raise ValueError(f"at most {len(styles)} series; got {len(series)}")
-    fig, ax = plt.subplots(figsize=(6.5, 0.8 + len(rows) * 0.6 * len(series)))
+    fig, ax = plt.subplots(figsize=(6.5, 0.8 + len(rows)))
     for j, (name, (marker, color)) in enumerate(zip(series, styles, strict=False)):
         xs = [errors[r][name] for r in rows]
         ys = [k + 0.2 * (j - (len(series) - 1) / 2) for k in range(len(rows))]

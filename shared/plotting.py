@@ -11,7 +11,9 @@ fifty lines of box drawing: ``plot_bottleneck`` (encoder-decoder RNN vs attentio
 that enlarges context vectors crowded near the centroid).
 
 Two small helpers for the measured plots of notebook 05: ``log_ticks`` (a log axis labelled with
-plain numbers) and ``label_points`` (name labels for dots, kept apart where dots share an x).
+plain numbers) and ``label_points`` (name labels for dots, kept apart where dots share an x); and
+its four figures, so that its cells show attention code, not matplotlib: ``plot_online_softmax``,
+``plot_error_dots``, ``plot_block_sweep`` and ``plot_times_by_length``.
 
 One text helper for the measured tables of notebook 07: ``print_table`` (rows of numbers under
 column headers, so that a cell shows the measurement and not the f-strings).
@@ -25,7 +27,8 @@ import seaborn as sns
 
 __all__ = ["plot_attention", "plot_heads", "plot_bottleneck", "plot_word_links",
            "plot_context_vectors", "zoom_context_vectors", "log_ticks", "label_points",
-           "print_table"]
+           "print_table", "plot_online_softmax", "plot_error_dots", "plot_block_sweep",
+           "plot_times_by_length"]
 
 MASKED_COLOR = "#d9d9d9"
 
@@ -542,3 +545,168 @@ def print_table(rows: dict, columns, fmt=".2f", corner: str = "") -> None:
     for label, row in [(corner, columns), *cells.items()]:
         print(f"{label:<{first}s}"
               + "".join(f"  {c:>{w}s}" for c, w in zip(row, widths, strict=True)))
+
+
+def _same_lengths(**named) -> int:
+    lengths = {name: len(list(v)) for name, v in named.items()}
+    if len(set(lengths.values())) != 1:
+        raise ValueError("expected one entry each; got lengths "
+                         + ", ".join(f"{name} {n}" for name, n in lengths.items()))
+    return next(iter(lengths.values()))
+
+
+def plot_online_softmax(scores, trace):
+    """Two panels for the online softmax over chunks of keys; returns the figure.
+
+    ``scores``: ``(n,)`` the scores of one query row. ``trace``: one tuple per chunk,
+    ``(first key, last key, running max m, alpha, old l, alpha * old l, the chunk's own sum)``.
+    Left: the scores and the running max per chunk. Right: per chunk, the old sum before
+    rescaling (outlined) beside alpha times it, with the chunk's own sum stacked on top."""
+    scores = _to_numpy("scores", scores).reshape(-1)
+    trace = [tuple(row) for row in trace]
+    if not trace or any(len(row) != 7 for row in trace):
+        raise ValueError("trace must hold one 7-tuple (first, last, m, alpha, old l, "
+                         "alpha * old l, new part) per chunk")
+    if trace[-1][1] != len(scores) - 1:
+        raise ValueError(f"the last chunk must end at the last score ({len(scores) - 1}); "
+                         f"got {trace[-1][1]}")
+    fig, (ax_m, ax_l) = plt.subplots(1, 2, figsize=(8, 2.8))
+    ax_m.plot(range(len(scores)), scores, "o", color="k", label="score $s_j$")
+    for k, (first, last, m_k, *_) in enumerate(trace):
+        ax_m.hlines(m_k, first - 0.4, last + 0.4, color="tab:red", lw=2.5,
+                    label="running max $m$" if k == 0 else None)
+        ax_m.axvline(last + 0.5, color="grey", ls=":", lw=1)
+    ax_m.set(xlabel=f"key j (chunks of {trace[0][1] - trace[0][0] + 1})", ylabel="score",
+             title="scores and the running max")
+    ax_m.legend(fontsize=8, loc="upper left")
+    names = [f"keys {first}-{last}" if last > first else f"key {first}"
+             for first, last, *_ in trace]
+    x = np.arange(len(trace))
+    before, kept, added = ([row[i] for row in trace] for i in (4, 5, 6))
+    ax_l.bar(x - 0.2, before, 0.4, facecolor="none", edgecolor="tab:grey", hatch="//",
+             label=r"old $\ell$, before rescaling")
+    ax_l.bar(x + 0.2, kept, 0.4, color="tab:grey", label=r"old $\ell$ times $\alpha$")
+    ax_l.bar(x + 0.2, added, 0.4, bottom=kept, color="tab:blue",
+             label=r"the chunk's $\sum e^{s_j - m}$")
+    for k, (*_, alpha, _, old, new) in enumerate(trace):
+        ax_l.annotate(rf"$\alpha$ = {alpha:.4f}" if k else r"$\alpha$ = 0 (first chunk)",
+                      (k + 0.2, old + new), xytext=(0, 3), textcoords="offset points",
+                      ha="center", fontsize=8)
+    top = max(max(before), *(b + a for b, a in zip(kept, added, strict=True)))
+    if len(trace) > 1:
+        ax_l.annotate(rf"old $\ell \times \alpha$ = {kept[1]:.4f}", (1.2, kept[1]),
+                      xytext=(1.45, 1.55 * top), fontsize=8,
+                      arrowprops={"arrowstyle": "->", "lw": 0.8})
+    ax_l.set_xticks(x, names)
+    ax_l.set(ylabel=r"running sum $\ell$", ylim=(0, 2 * top), title=r"$\ell$ after each chunk")
+    ax_l.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def plot_error_dots(errors: dict, xlabel: str, title: str, unit: str = "%"):
+    """A dot plot of errors on a log x axis, one row per group; returns the axes.
+
+    ``errors``: ``{row label: {series name: value}}``, every row naming the same series in the
+    same order. Each series gets its own marker and colour, each dot its value written beside it
+    (3 significant digits, then ``unit``)."""
+    rows = list(errors)
+    if not rows:
+        raise ValueError("errors must hold at least one row {label: {series: value}}")
+    series = list(errors[rows[0]])
+    if any(list(errors[r]) != series for r in rows):
+        raise ValueError(f"every row must name the same series in the same order: {series}")
+    styles = [("o", "tab:green"), ("s", "tab:red"), ("^", "tab:purple"), ("D", "tab:blue")]
+    if len(series) > len(styles):
+        raise ValueError(f"at most {len(styles)} series; got {len(series)}")
+    fig, ax = plt.subplots(figsize=(6.5, 0.8 + len(rows)))
+    for j, (name, (marker, color)) in enumerate(zip(series, styles, strict=False)):
+        xs = [errors[r][name] for r in rows]
+        ys = [k + 0.2 * (j - (len(series) - 1) / 2) for k in range(len(rows))]
+        ax.plot(xs, ys, marker, ms=9, color=color, ls="none", label=name)
+        for x, y in zip(xs, ys, strict=True):
+            ax.annotate(f"{x:.3g}{unit}", (x, y), xytext=(8, 0), textcoords="offset points",
+                        fontsize=8, va="center", color=color)
+    ax.set_yticks(range(len(rows)), rows)
+    ax.set_xscale("log")
+    log_ticks(ax, "x")
+    ax.set(xlabel=xlabel, ylim=(len(rows) - 0.5, -0.5), title=title)
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1))
+    return ax
+
+
+def plot_block_sweep(blocks, times_ms, causal_ms, sdpa_ms: float, extra_mib, T: int,
+                     device: str = "cpu"):
+    """Time per call of a tiled attention against its block size, full and causal, with SDPA's
+    time as a line, and the extra memory on a right log axis; returns ``(ax, ax_memory)``.
+
+    ``blocks``, ``times_ms``, ``causal_ms``, ``extra_mib``: ``n`` each (block sizes, ms per call,
+    ms per causal call, MiB beyond the output). ``sdpa_ms``: one number. Each causal point is
+    labelled with its time over the full call's (``x0.62``). A block equal to ``T`` is labelled
+    as the one tile of naive attention."""
+    blocks = list(blocks)
+    _same_lengths(blocks=blocks, times_ms=times_ms, causal_ms=causal_ms, extra_mib=extra_mib)
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    ax.loglog(blocks, list(times_ms), "s-", base=2, color="tab:blue", label="time, tiled_attention")
+    ax.loglog(blocks, list(causal_ms), "v--", base=2, color="tab:cyan",
+              label="time, tiled_attention, causal (labels: causal / full)")
+    for b, full, causal in zip(blocks, times_ms, causal_ms, strict=True):  # causal / full
+        ax.annotate(f"x{causal / full:.2f}", (b, causal), xytext=(0, -12),
+                    textcoords="offset points", ha="center", fontsize=8, color="tab:cyan")
+    ax.set_xticks(blocks, [f"{b}\n(one tile = naive)" if b == T else str(b) for b in blocks])
+    ax.axhline(sdpa_ms, color="tab:green", ls="-", lw=1.5, label="time, SDPA")
+    log_ticks(ax)
+    ax.set(xlabel="block size b", ylabel="time per call (ms, log scale)",
+           title=f"Tiled attention at T = {T} on {device}, by block size")
+    ax_mem = ax.twinx()
+    ax_mem.semilogy(blocks, list(extra_mib), "o:", color="tab:purple", base=2,
+                    label="extra memory beyond the output")
+    ax_mem.set_ylabel("extra memory (MiB, log scale)", color="tab:purple")
+    log_ticks(ax_mem)
+    ax.legend(handles=ax.get_lines() + ax_mem.get_lines(), fontsize=8, loc="upper center",
+              bbox_to_anchor=(0.5, -0.3), ncol=2)
+    return ax, ax_mem
+
+
+_TIME_STYLE = {"NumPy reference": "o-", "naive PyTorch": "s-", "SDPA": "^-", "tiled (flash)": "D--"}
+
+
+def plot_times_by_length(lengths, panels: dict, extra: dict | None = None,
+                         reference: str = "SDPA", device: str = "cpu"):
+    """Log-log time per call against sequence length, one panel per dtype; returns the axes.
+
+    ``lengths``: ``n`` sequence lengths. ``panels``: ``{dtype name: {implementation: n times in
+    ms}}``. ``extra``: optional ``{dtype name: {label: (lengths, times)}}``, drawn dotted in the
+    colour of the implementation the label starts with (e.g. the CPU's times beside a GPU's).
+    Each panel gets a slope-2 line through ``reference``'s time at the longest length."""
+    lengths, extra = list(lengths), extra or {}
+    names = list(dict.fromkeys(n for p in panels.values() for n in p))
+    for title, times in panels.items():
+        for name, ms in times.items():
+            if len(list(ms)) != len(lengths):
+                raise ValueError(f"{title}, {name}: {len(list(ms))} times for "
+                                 f"{len(lengths)} lengths")
+        if reference not in times:
+            raise ValueError(f"panel {title!r} has no {reference!r} times for the slope-2 line")
+    colour = {name: f"C{i}" for i, name in enumerate(names)}
+    fig, axes = plt.subplots(1, len(panels), figsize=(7.5 + 3.5 * (len(panels) - 1), 4.3),
+                             sharey=True, squeeze=False)
+    for ax, (title, times) in zip(axes[0], panels.items(), strict=True):
+        for name, ms in times.items():
+            ax.loglog(lengths, list(ms), _TIME_STYLE.get(name, "o-"), color=colour[name],
+                      label=name, base=2, ms=7, mfc="none" if name == "tiled (flash)" else None)
+        for label, (xs, ys) in extra.get(title, {}).items():
+            base_name = next((n for n in names if label.startswith(n)), None)
+            ax.loglog(list(xs), list(ys), "x:", color=colour.get(base_name, "grey"), label=label,
+                      base=2)
+        last = list(times[reference])[-1]
+        ax.loglog(lengths, [last * (T / lengths[-1]) ** 2 for T in lengths], "k:",
+                  label=r"$\propto T^2$ (slope 2)", base=2)
+        ax.set_xticks(lengths, [str(T) for T in lengths])
+        log_ticks(ax)
+        ax.set(xlabel="sequence length T", title=f"Time on {device}, {title}")
+    axes[0, 0].set_ylabel("time per call (ms, log scale)")
+    axes[0, -1].legend(*axes[0, 0].get_legend_handles_labels(), fontsize=8, loc="upper left",
+                       bbox_to_anchor=(1.02, 1))
+    return axes[0]

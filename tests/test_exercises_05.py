@@ -518,10 +518,11 @@ CASES = [
     (C.check_saved_bytes, saved_v_width_dk, False, "d_v entries"),
     (C.check_saved_bytes, saved_no_heads, False, "not what the graph saves"),
     # 5.4
-    # 5.4 (a) the prediction: B_c for an A100, d = 64, float16 (83,968 elements / 256 = 328)
-    # by hand: float16 M = 164 * 1024 / 2 = 83,968, B_c = ceil(83,968 / 512) = 164, B_r = 128;
-    # float32 M = 41,984, B_c = 82 (< d), B_r = 82: factors (82 / 128, 1 / 2)
-    (C.check_flash_block_prediction, (82 / 128, 0.5), True, "the cap binding"),
+    # 5.4 (a) the prediction, A100: 163 KiB of shared memory per thread block, d = 128
+    # by hand: float16 M = 163 * 1024 / 2 = 83,456, B_c = ceil(83,456 / 512) = 163, B_r = 128;
+    # float32 M = 41,728, B_c = ceil(81.5) = 82 (< d), B_r = 82: factors (82 / 128, 82 / 163)
+    (C.check_flash_block_prediction, (82 / 128, 82 / 163), True, "the cap binding"),
+    (C.check_flash_block_prediction, (0.64, 0.5), True, OK),
     (C.check_flash_block_prediction, [0.64, 0.5], True, OK),
     (C.check_flash_block_prediction, None, None, NA),
     (C.check_flash_block_prediction, (0.5, 82 / 128), False, "query block first"),
@@ -546,7 +547,7 @@ CASES = [
     (C.check_flash_block_sizes, blocks_two_d, False, "not only K_j and V_j"),
     (C.check_flash_block_sizes, blocks_from_batch_heads, False, "expected (B_r, B_c)"),
     # 5.4 (b)
-    (C.check_largest_head_dim, head_ok, True, "d = 103"),
+    (C.check_largest_head_dim, head_ok, True, "d = 102"),
     (C.check_largest_head_dim, stub, None, NA),
     (C.check_largest_head_dim, head_no_score_tile, False, "score tile S_ij"),
     (C.check_largest_head_dim, head_bytes, False, "not bytes"),
@@ -554,7 +555,7 @@ CASES = [
     (C.check_largest_head_dim, head_kilo, False, "1024 bytes, not 1000"),
     (C.check_largest_head_dim, head_first_overflow, False, "first that overflows"),
     (C.check_largest_head_dim, head_one_lower, False, "still fits"),
-    (C.check_largest_head_dim, head_sqrt, False, "more than M = 116,224"),
+    (C.check_largest_head_dim, head_sqrt, False, "more than M = 83,456"),
     (C.check_largest_head_dim, head_as_float, False, "whole number"),
     # 5.5
     (C.check_halving_prediction, HALVING_OK, True, "at b = 2d = 128 they weigh as much as the score tile"),
@@ -716,17 +717,19 @@ def test_naive_attention_saves_two_square_tensors():
 
 
 def test_largest_head_dim_by_hand():
-    """A100, 164 KiB, float16: M = 83,968. d = 102: B_c = ceil(83968 / 408) = 206, B_r = 102,
-    2*102*102 + 2*206*102 + 102*206 = 83,844 <= M; d = 103: B_c = 204, 21,218 + 42,024 + 21,012
-    = 84,254 > M. d = 128 (B_c = 164): 32,768 + 41,984 + 20,992 = 95,744 > M."""
-    assert head_ok(164, torch.float16) == 102
-    assert not _fits(83968, 128) and _fits(83968, 128, score_tile=False)
+    """A100, 163 KiB per thread block, float16: M = 83,456. d = 101: B_c = ceil(83456 / 404) = 207,
+    B_r = 101, 2*101*101 + 2*207*101 + 101*207 = 20,402 + 41,814 + 20,907 = 83,123 <= M;
+    d = 102: B_c = 205, 20,808 + 41,820 + 20,910 = 83,538 > M.
+    d = 128 (B_c = 163): 32,768 + 41,728 + 20,864 = 95,360 > M."""
+    assert head_ok(163, torch.float16) == 101
+    assert not _fits(83456, 128) and _fits(83456, 128, score_tile=False)
 
 
 def test_flash_block_sizes_by_hand():
-    """A100-like 164 KiB of SRAM per SM, d = 128, bfloat16: M = 83,968 elements,
-    B_c = ceil(83968 / 512) = 164, B_r = min(164, 128) = 128 (the paper's rule; real kernels tune)."""
-    assert blocks_ok(164, 128, torch.bfloat16) == (128, 164)
+    """A100: 163 KiB of shared memory per thread block, d = 128, bfloat16: M = 83,456 elements,
+    B_c = ceil(83456 / 512) = 163, B_r = min(163, 128) = 128 (the paper's rule; real kernels tune)."""
+    assert blocks_ok(163, 128, torch.bfloat16) == (128, 163)
+    assert blocks_ok(163, 128, torch.float32) == (82, 82)  # 41,728 / 512 = 81.5, rounded up
     assert blocks_ok(100, 80, torch.float16) == (80, 160)  # 51,200 / 320 = 160 exactly
     assert blocks_ok(48, 96, torch.float32) == (32, 32)  # 12,288 / 384 = 32
 

@@ -16,8 +16,12 @@ from shared.plotting import (  # noqa: E402
     label_points,
     log_ticks,
     plot_attention,
+    plot_block_sweep,
     plot_bottleneck,
+    plot_error_dots,
     plot_heads,
+    plot_online_softmax,
+    plot_times_by_length,
     plot_word_links,
     print_table,
 )
@@ -370,3 +374,56 @@ def test_print_table_rejects_a_short_row():
         print_table({"a": [1.0]}, ["x", "y"])
     with pytest.raises(ValueError, match="one per column \\(2\\); got 3"):
         print_table({"a": [1.0, 2.0]}, ["x", "y"], fmt=[".1f"] * 3)
+
+
+# notebook 05's figures ---------------------------------------------------------------------------
+def test_plot_online_softmax_draws_each_chunks_sums_and_max():
+    scores = np.array([1.0, 3.0, 0.5, 8.0, 2.0])
+    trace = [(0, 2, 3.0, 0.0, 0.0, 0.0, 1.2), (3, 4, 8.0, 0.0067, 1.2, 0.008, 1.0)]
+    fig = plot_online_softmax(scores, trace)
+    ax_m, ax_l = fig.axes
+    maxima = sorted(float(seg[0, 1]) for coll in ax_m.collections for seg in coll.get_segments())
+    assert maxima == [3.0, 8.0]  # one running-max segment per chunk, at its height
+    heights = [round(p.get_height(), 4) for p in ax_l.patches]
+    assert heights == [0.0, 1.2, 0.0, 0.008, 1.2, 1.0]  # old l, alpha * old l, the chunk's sum
+    assert labels(ax_l.get_xticklabels()) == ["keys 0-2", "keys 3-4"]
+    assert any("0.0067" in t.get_text() for t in ax_l.texts)
+
+
+def test_plot_online_softmax_rejects_a_trace_that_misses_scores():
+    with pytest.raises(ValueError, match="last chunk must end at the last score"):
+        plot_online_softmax(np.zeros(5), [(0, 2, 0.0, 0.0, 0.0, 0.0, 1.0)])
+
+
+def test_plot_error_dots_places_and_labels_every_value():
+    errors = {"float16": {"a": 0.5, "b": 2.0}, "bfloat16": {"a": 4.0, "b": 30.0}}
+    ax = plot_error_dots(errors, xlabel="error (%)", title="t")
+    xs = [list(line.get_xdata()) for line in ax.get_lines()]
+    assert xs == [[0.5, 4.0], [2.0, 30.0]]  # one line per series, one dot per row
+    assert sorted(t.get_text() for t in ax.texts) == ["0.5%", "2%", "30%", "4%"]
+    assert labels(ax.get_yticklabels()) == ["float16", "bfloat16"]
+    with pytest.raises(ValueError, match="same series"):
+        plot_error_dots({"x": {"a": 1.0}, "y": {"b": 1.0}}, "e", "t")
+
+
+def test_plot_block_sweep_labels_causal_over_full_and_puts_memory_right():
+    ax, ax_mem = plot_block_sweep([32, 64], [2.0, 1.0], [1.0, 1.5], 0.5, [0.1, 0.3], T=64)
+    assert sorted(t.get_text() for t in ax.texts) == ["x0.50", "x1.50"]
+    assert list(ax_mem.get_lines()[0].get_ydata()) == [0.1, 0.3]
+    assert labels(ax.get_xticklabels())[-1].startswith("64\n(one tile")
+    with pytest.raises(ValueError, match="one entry each"):
+        plot_block_sweep([32, 64], [2.0], [1.0, 1.5], 0.5, [0.1, 0.3], T=64)
+
+
+def test_plot_times_by_length_one_panel_per_dtype_and_a_slope_two_line():
+    panels = {"float32": {"SDPA": [1.0, 3.0], "naive PyTorch": [2.0, 9.0]},
+              "float16": {"SDPA": [0.5, 2.0], "naive PyTorch": [1.0, 5.0]}}
+    axes = plot_times_by_length([64, 128], panels, {"float32": {"SDPA (CPU)": ([64], [4.0])}})
+    assert len(axes) == 2
+    first = {line.get_label(): list(line.get_ydata()) for line in axes[0].get_lines()}
+    assert first["SDPA (CPU)"] == [4.0]
+    assert first[r"$\propto T^2$ (slope 2)"] == [0.75, 3.0]  # through SDPA's last time, slope 2
+    colours = {line.get_label(): line.get_color() for line in axes[0].get_lines()}
+    assert colours["SDPA (CPU)"] == colours["SDPA"]
+    with pytest.raises(ValueError, match="3 times for 2 lengths"):
+        plot_times_by_length([64, 128], {"float32": {"SDPA": [1.0, 2.0, 3.0]}})

@@ -467,7 +467,7 @@ def check_saved_bytes(saved_bytes):
 # --------------------------------------------------------------------------------------------
 _BLOCK_CASES = (  # (sram_kib, head_dim, dtype): M / (4 d) is not a whole number in most
     (99, 80, torch.float16),  # 50,688 elements / 320 = 158.4 -> B_c = 159, B_r = 80
-    (164, 96, torch.bfloat16),  # 83,968 / 384 = 218.7 -> 219, 96
+    (163, 80, torch.bfloat16),  # 83,456 / 320 = 260.8 -> 261, 80
     (48, 96, torch.float32),  # 12,288 / 384 = 32 exactly -> 32, 32
     (227, 112, torch.float16),  # 116,224 / 448 = 259.4 -> 260, 112
     (64, 256, torch.float32),  # 16,384 / 1,024 = 16 -> 16, 16 (B_c below d)
@@ -487,9 +487,10 @@ def _flash_blocks(kib, d, e, kib_bytes=1024, rnd=math.ceil, four=4):
 @_checker
 def check_flash_block_prediction(block_prediction):
     """``block_prediction``: ``(B_r factor, B_c factor)``, each the block in float32 divided by the
-    block in float16, for an A100 (164 KiB of shared memory per SM) at ``d = 128``. float16:
-    ``M = 83,968``, ``B_c = 164``, ``B_r = min(164, 128) = 128``; float32: ``M = 41,984``,
-    ``B_c = 82``, ``B_r = 82``: factors ``(82 / 128, 1 / 2)``. The cap binds in one dtype only."""
+    block in float16, for an A100 (163 KiB of shared memory per thread block) at ``d = 128``.
+    float16: ``M = 83,456``, ``B_c = 163``, ``B_r = min(163, 128) = 128``; float32:
+    ``M = 41,728``, ``B_c = ceil(81.5) = 82``, ``B_r = 82``: factors ``(82 / 128, 82 / 163)``,
+    about ``(0.64, 0.5)``. The cap binds in one dtype only."""
     if block_prediction is None:
         raise _NotAttempted("write (B_r factor, B_c factor) in block_prediction")
     try:
@@ -497,8 +498,8 @@ def check_flash_block_prediction(block_prediction):
     except (TypeError, ValueError):
         raise _Wrong("write two numbers, (B_r factor, B_c factor); got "
                      f"{block_prediction!r:.60}") from None
-    (r16, c16), (r32, c32) = _flash_blocks(164, 128, 2), _flash_blocks(164, 128, 4)
-    right_r, right_c = r32 / r16, c32 / c16  # 0.640625, 0.5
+    (r16, c16), (r32, c32) = _flash_blocks(163, 128, 2), _flash_blocks(163, 128, 4)
+    right_r, right_c = r32 / r16, c32 / c16  # 0.640625, 0.503
 
     def near(a, b):
         return abs(a - b) < 0.005
@@ -579,8 +580,8 @@ def check_flash_block_sizes(flash_block_sizes):
 # --------------------------------------------------------------------------------------------
 # 5.4 (b) The largest head size whose tiles fit, the score tile S_ij included
 # --------------------------------------------------------------------------------------------
-_HEAD_DIM_CASES = (  # (sram_kib, dtype) -> largest d: 102, 119, 44, 79, 55
-    (164, torch.float16),
+_HEAD_DIM_CASES = (  # (sram_kib, dtype) -> largest d: 101, 119, 44, 79, 55
+    (163, torch.float16),
     (227, torch.bfloat16),
     (64, torch.float32),  # here 1000-byte "KiB" gives the same d: that mistake is not one-lower
     (99, torch.float16),
@@ -622,7 +623,7 @@ def check_largest_head_dim(largest_head_dim):
         Ms.append(kib * 1024 // e)
         refs.append(_largest_d(kib * 1024 // e))
     if got == refs:
-        return ("with its score tile, Algorithm 1 overflows an A100's SRAM from d = 103 on, "
+        return ("with its score tile, Algorithm 1 overflows an A100's SRAM from d = 102 on, "
                 "so d = 128 does not fit even on an H100: FlashAttention-2 picks smaller tiles "
                 "per head size instead.")
     patterns = (

@@ -14,6 +14,7 @@ __all__ = [
     "check_ntk_base",
     "check_ntk_outcome",
     "check_rope_bug_prediction",
+    "check_slowed_pair_prediction",
     "check_catches_bug",
     "check_to_half_split",
     "check_alibi_mass_beyond",
@@ -356,6 +357,74 @@ def check_rope_bug_prediction(my_prediction):
                      f"{' and '.join(map(repr, off))} {'was' if len(off) == 1 else 'were'} off: "
                      + "; ".join(_ROPE_BUG_HINTS[k] for k in off))
     return (f"{shown}. rope_buggy is not a rotation. Now write a test that catches it.")
+
+
+# --------------------------------------------------------------------------------------------
+# Section 9 (b): which pair, slowed 4x, gives the previous-token head back (predict first)
+# --------------------------------------------------------------------------------------------
+_SLOWED_PAIR_HINTS = {
+    2: "pair 2 turns 0.01 rad per position: at the distances the head moved to, 39 .. 52, its "
+       "angle is 0.39 .. 0.52 rad, against at most 0.2 in training, and cos changes by about 0.1 "
+       "between them. Work out how far cos and sin move for the other two pairs at those "
+       "distances.",
+    3: "pair 3 turns 0.001 rad per position: at distances 39 .. 52 its angle is 0.04 .. 0.05 rad, "
+       "and cos of that differs from 1 by less than 0.002. Can so small a change in a score "
+       "term let the far keys win? Work out D * theta_i for the other two pairs.",
+    1: "pair 1 turns 0.1 rad per position: at distances 39 .. 52 its angle is 3.9 .. 5.2 rad, "
+       "against at most 2 in training: cos and sin there take values training never paired "
+       "with those keys. Compare that with the changes in pairs 2 and 3.",
+}
+
+
+def _measure_slowed_pairs(model, tokens: torch.Tensor) -> tuple[int, dict]:
+    """Layer 0's previous-token head (picked within the training length, T/4), recomputed with
+    pair 1, 2 or 3 slowed 4x: its mean weight on key i - 1 over the queries T/2 .. T - 1."""
+    from shared.positional import rope_frequencies
+    from shared.tiny_transformer import previous_token_score
+
+    T = tokens.shape[1]
+    theta = rope_frequencies(model.head_dim)
+    trained = int(T / NTK_SCALE)
+    head = int(previous_token_score(_layer0_weights(model, tokens[:, :trained], theta))
+               .mean(dim=0).argmax())
+    late, on_previous = T // 2, {}
+    for pair in (1, 2, 3):
+        slowed = theta.clone()
+        slowed[pair] /= NTK_SCALE
+        w = _layer0_weights(model, tokens, slowed, heads=[head])[:, 0]  # (B, T, T)
+        on_previous[pair] = float(w.diagonal(-1, -2, -1)[:, late - 1:].mean())
+    return head, on_previous
+
+
+@_checker
+def check_slowed_pair_prediction(my_pair, model, tokens):
+    """``my_pair``: 1, 2 or 3, the rotary pair that, slowed 4x alone, hands the RoPE model's
+    previous-token head back to key i - 1 at 4x the training length. ``model``: the notebook's
+    RoPE ``TinyTransformer``; ``tokens``: its ``(B, T)`` test tokens at 4x the training length.
+    The checker measures all three itself (layer 0 only) and shows them once a guess is in."""
+    if my_pair is None:
+        raise _NotAttempted("write 1, 2 or 3 in my_pair; the measurement is shown once it is "
+                            "filled in")
+    if isinstance(my_pair, (bool, np.bool_)) or not isinstance(my_pair, (int, np.integer)) \
+            or int(my_pair) not in (1, 2, 3):
+        raise _Wrong(f"my_pair should be one of the whole numbers 1, 2 or 3; got {my_pair!r}")
+    from shared.tiny_transformer import TinyTransformer
+
+    if not (isinstance(model, TinyTransformer) and model.positional == "rope"):
+        raise _Wrong('pass the notebook\'s RoPE model, models["rope"], as the second argument')
+    if not (isinstance(tokens, torch.Tensor) and tokens.ndim == 2 and tokens.shape[1] >= 8
+            and not tokens.is_floating_point()):
+        raise _Wrong("pass the notebook's T = 84 test tokens, test_sets[4 * L_train], as the "
+                     "third argument")
+    _, on_previous = _measure_slowed_pairs(model, tokens)
+    best = max(on_previous, key=on_previous.get)
+    T = tokens.shape[1]
+    shown = (f"measured: the previous-token head puts on key i - 1 (queries {T // 2} .. {T - 1}) "
+             + ", ".join(f"{w:.2f} with pair {p} slowed 4x" for p, w in on_previous.items()))
+    if int(my_pair) != best:
+        raise _Wrong(f"{shown}. Pair {int(my_pair)} is not the one: "
+                     + _SLOWED_PAIR_HINTS[int(my_pair)])
+    return f"{shown}. The next cells measure the accuracy too."
 
 
 _COURSE_ROPES = ("apply_rope", "rope_half_split", "rope_by_complex", "rope_interleaved",

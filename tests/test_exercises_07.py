@@ -626,6 +626,8 @@ def test_every_checker_is_covered_three_ways():
         results = [c[2] for c in CASES if c[0].__name__ == name]
         if name == "check_ntk_outcome":
             results = [c[1] for c in OUTCOME_CASES]
+        if name == "check_slowed_pair_prediction":
+            results = [c[1] for c in SLOWED_PAIR_CASES]
         assert True in results and None in results, name
         assert results.count(False) >= 2, name
     assert set(CHECKERS) <= set(ex.__all__)
@@ -724,3 +726,50 @@ def test_checkers_leave_the_global_random_state_alone(capsys):
     np.random.seed(7)  # noqa: NPY002
     assert torch.equal(after_torch, torch.rand(3))
     assert np.array_equal(after_np, np.random.random(3))  # noqa: NPY002
+
+
+# Section 9 (b): which pair, slowed 4x, gives the previous-token head back ----------------------
+SLOWED_PAIR_CASES = [
+    (1, True, "correct"),
+    (np.int64(1), True, "correct"),
+    (None, None, "write 1, 2 or 3 in my_pair"),
+    (2, False, "Pair 2 is not the one: pair 2 turns 0.01 rad"),
+    (3, False, "Pair 3 is not the one: pair 3 turns 0.001 rad"),
+    (0, False, "one of the whole numbers 1, 2 or 3"),
+    ("1", False, "one of the whole numbers 1, 2 or 3"),
+    (True, False, "one of the whole numbers 1, 2 or 3"),
+]
+
+
+@pytest.mark.parametrize("answer, expected, phrase", SLOWED_PAIR_CASES, ids=[repr(c[0]) for c in SLOWED_PAIR_CASES])
+def test_slowed_pair_prediction(capsys, rope_run, answer, expected, phrase):
+    model, tokens = rope_run
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    result, out = run(capsys, ex.check_slowed_pair_prediction, answer, model, tokens)
+    assert result.passed is expected, out
+    assert phrase in out, out
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_slowed_pair_is_what_the_model_does(rope_run):
+    """Independently of the checker: the previous-token head through the model's own forward with
+    base 10,000, then with each pair slowed 4x by rotating half-split pairs as complex numbers;
+    only pair 1 slowed gives key i - 1 back (queries 42 .. 83)."""
+    from shared.tiny_transformer import evaluate, previous_token_score
+
+    model, tokens = rope_run
+    head = int(previous_token_score(evaluate(model, tokens[:, :21])["weights"][:, 0]).mean(dim=0).argmax())
+    layer = model.layers[0]
+    with torch.no_grad():
+        x = model.tok_emb(tokens)
+        q, k = (lin(x).double().view(*tokens.shape, 4, 8)[:, :, head] for lin in (layer.W_query, layer.W_key))
+    on_previous = {}
+    for pair in (1, 2, 3):
+        theta = torch.tensor([1.0, 0.1, 0.01, 0.001], dtype=torch.float64)  # 10,000^(-2i/8)
+        theta[pair] /= 4
+        turn = torch.polar(torch.ones(84, 4, dtype=torch.float64), torch.arange(84.0, dtype=torch.float64)[:, None] * theta)
+        zq, zk = (torch.complex(z[..., :4], z[..., 4:]) * turn for z in (q, k))
+        scores = (zq @ zk.conj().transpose(-1, -2)).real / math.sqrt(8)
+        w = torch.softmax(scores.masked_fill(torch.ones(84, 84, dtype=torch.bool).triu(1), float("-inf")), dim=-1)
+        on_previous[pair] = float(w.diagonal(-1, -2, -1)[:, 41:].mean())
+    assert on_previous[1] > 0.5 and max(on_previous[2], on_previous[3]) < 0.05, on_previous

@@ -14,6 +14,7 @@ __all__ = [
     "check_ntk_base",
     "check_ntk_outcome",
     "check_rope_bug_prediction",
+    "check_slowed_pair_prediction",
     "check_catches_bug",
     "check_to_half_split",
     "check_alibi_mass_beyond",
@@ -157,16 +158,17 @@ def check_ntk_base(ntk_base):
             "41,800: pair 0 is untouched, the slowest pair turns 4x slower.")
 
 
-NTK_OUTCOME_KEYS = ("more accurate than plain RoPE", "more accurate than position interpolation",
+NTK_OUTCOME_KEYS = ("more accurate than plain RoPE",
+                    "more accurate than pair 1 slowed 4x on queries 1 .. 20",
                     "head beats pair 1 slowed 4x")
 _NTK_OUTCOME_HINTS = {
     "more accurate than plain RoPE": "plain RoPE slipped because pair 1 left its trained range "
                                      "(section 9); which pair does the NTK base leave alone, and "
                                      "which does it slow?",
-    "more accurate than position interpolation": "position interpolation broke the model by "
-                                                 "slowing pair 0, the pair that tells "
-                                                 "neighbours apart; what does the NTK base do to "
-                                                 "pair 0?",
+    "more accurate than pair 1 slowed 4x on queries 1 .. 20": "within the training length the "
+        "model works with the angles it was trained on; section 9 found that slowing pair 1 4x "
+        "changes them there too. Which pairs does the NTK base change at distances up to 20, and "
+        "by how much, next to pair 1 slowed 4x?",
     "head beats pair 1 slowed 4x": "compare pair 1's slowdown in your my_slowdown with section "
                                    "9's 4x: up to which distance does each keep pair 1 within the "
                                    "2 radians training reached?",
@@ -198,10 +200,35 @@ def _layer0_weights(model, tokens: torch.Tensor, theta: torch.Tensor,
     return torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
 
 
+def _logits_with_theta(model, tokens: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+    """The RoPE model's logits ``(B, T, vocab)`` with half-split RoPE at frequencies ``theta``
+    ``(head_dim/2,)`` in every layer (the model's own float32 arithmetic otherwise)."""
+    B, T = tokens.shape
+    H, hd = model.num_heads, model.head_dim
+    angles = torch.arange(T, dtype=torch.float64)[:, None] * theta  # (T, hd/2)
+    cos, sin = angles.cos().float(), angles.sin().float()
+
+    def rot(z):
+        z1, z2 = z[..., :hd // 2], z[..., hd // 2:]
+        return torch.cat((z1 * cos - z2 * sin, z1 * sin + z2 * cos), dim=-1)
+
+    future = torch.ones(T, T, dtype=torch.bool).triu(1)
+    with torch.no_grad():
+        x = model.tok_emb(tokens)
+        for layer in model.layers:
+            Q, K, V = (lin(x).view(B, T, H, hd).transpose(1, 2)
+                       for lin in (layer.W_query, layer.W_key, layer.W_value))
+            scores = rot(Q) @ rot(K).transpose(-2, -1) / math.sqrt(hd)
+            w = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
+            x = x + layer.out_proj((w @ V).transpose(1, 2).reshape(B, T, H * hd))
+        return model.unembed(x)
+
+
 def _measure_ntk_outcome(model, tokens: torch.Tensor) -> dict:
     """On a copy of the notebook's RoPE model, at the test length ``T`` (4x the training length):
-    accuracy on repeated tokens with plain RoPE, the NTK-aware base and position interpolation
-    (s = 4); and the previous-token head's weight on key i - 1 over the queries ``T/2 .. T - 1``
+    accuracy on repeated tokens with plain RoPE and the NTK-aware base; accuracy on the queries
+    1 .. T/4 - 1 (the training length) with the NTK base and with only pair 1 slowed 4x; and the
+    previous-token head's weight on key i - 1 over the queries ``T/2 .. T - 1``
     with the NTK base and with only pair 1 slowed 4x (frequencies otherwise as trained)."""
     import copy
 
@@ -212,23 +239,27 @@ def _measure_ntk_outcome(model, tokens: torch.Tensor) -> dict:
     m = copy.deepcopy(model).eval()
     repeat = seen_before(tokens)[:, :-1]
 
-    def accuracy(base, scale):
-        m.rope_base, m.rope_scale = base, scale
-        with torch.no_grad():
-            logits = m(tokens)
+    trained = int(T / NTK_SCALE)  # the training length: the head is picked within it
+
+    def accuracy(logits, queries=slice(None)):
         correct = (logits[:, :-1].argmax(dim=-1) == tokens[:, 1:]) & repeat
-        return float(correct.sum() / repeat.sum())
+        return float(correct[:, queries].sum() / repeat[:, queries].sum())
 
     hd = m.head_dim
     ntk = 10_000.0 * NTK_SCALE ** (hd / (hd - 2))
-    acc = {"plain": accuracy(10_000.0, 1.0), "ntk": accuracy(ntk, 1.0),
-           "pi": accuracy(10_000.0, NTK_SCALE)}
     theta = rope_frequencies(hd)
-    trained = int(T / NTK_SCALE)  # the head is picked within the training length
-    within = _layer0_weights(m, tokens[:, :trained], theta)  # (B, H, trained, trained)
-    head = int(previous_token_score(within).mean(dim=0).argmax())
     slowed = theta.clone()
     slowed[1] /= NTK_SCALE
+    with torch.no_grad():
+        plain_logits = m(tokens)
+        m.rope_base = ntk
+        ntk_logits = m(tokens)
+    early = slice(1, trained)  # queries 1 .. 20: the training length
+    acc = {"plain": accuracy(plain_logits), "ntk": accuracy(ntk_logits),
+           "ntk_early": accuracy(ntk_logits, early),
+           "slowed_early": accuracy(_logits_with_theta(m, tokens, slowed), early)}
+    within = _layer0_weights(m, tokens[:, :trained], theta)  # (B, H, trained, trained)
+    head = int(previous_token_score(within).mean(dim=0).argmax())
     late = T // 2
 
     def on_previous(th):
@@ -256,11 +287,11 @@ def _true_or_false_each(answer, name: str, keys: tuple, what: str) -> None:
 
 @_checker
 def check_ntk_outcome(my_outcome, model, tokens):
-    """``my_outcome``: ``{"more accurate than plain RoPE": bool, "more accurate than position
-    interpolation": bool, "head beats pair 1 slowed 4x": bool}`` about the NTK-aware base (scale 4)
-    on ``model``, the notebook's RoPE ``TinyTransformer``, tested on ``tokens`` ``(B, T)`` at 4x
-    its training length. The checker measures the three itself on a copy of the model, and only
-    once all three guesses are filled in."""
+    """``my_outcome``: ``{"more accurate than plain RoPE": bool, "more accurate than pair 1 slowed
+    4x on queries 1 .. 20": bool, "head beats pair 1 slowed 4x": bool}`` about the NTK-aware base
+    (scale 4) on ``model``, the notebook's RoPE ``TinyTransformer``, tested on ``tokens``
+    ``(B, T)`` at 4x its training length. The checker measures the three itself on a copy of the
+    model, and only once all three guesses are filled in."""
     _true_or_false_each(my_outcome, "my_outcome", NTK_OUTCOME_KEYS, "the three")
     from shared.tiny_transformer import TinyTransformer
 
@@ -273,11 +304,12 @@ def check_ntk_outcome(my_outcome, model, tokens):
     r = _measure_ntk_outcome(model, tokens)
     acc = r["acc"]
     holds = {"more accurate than plain RoPE": acc["ntk"] > acc["plain"],
-             "more accurate than position interpolation": acc["ntk"] > acc["pi"],
+             NTK_OUTCOME_KEYS[1]: acc["ntk_early"] > acc["slowed_early"],
              "head beats pair 1 slowed 4x": r["ntk_head"] > r["slowed_head"]}
     T = tokens.shape[1]
     shown = (f"measured at T = {T}: accuracy {acc['ntk']:.2f} with the NTK base, "
-             f"{acc['plain']:.2f} plain, {acc['pi']:.2f} with position interpolation; the "
+             f"{acc['plain']:.2f} plain; on queries 1 .. {T // 4 - 1} {acc['ntk_early']:.2f} with "
+             f"the NTK base, {acc['slowed_early']:.2f} with pair 1 slowed 4x; the "
              f"previous-token head puts {r['ntk_head']:.2f} on key i - 1 (queries {r['late']} .. "
              f"{T - 1}) with the NTK base, {r['slowed_head']:.2f} with pair 1 slowed 4x")
     off = [k for k in NTK_OUTCOME_KEYS if bool(my_outcome[k]) != holds[k]]
@@ -285,9 +317,9 @@ def check_ntk_outcome(my_outcome, model, tokens):
         raise _Wrong(f"{shown}; your {'guess' if len(off) == 1 else 'guesses'} for "
                      f"{' and '.join(map(repr, off))} {'was' if len(off) == 1 else 'were'} off: "
                      + "; ".join(_NTK_OUTCOME_HINTS[k] for k in off))
-    return (f"{shown}. Keeping pair 0 is what position interpolation lacked; pair 1, slowed "
-            "1.59x instead of 4x, still leaves its trained range within the test length, so the "
-            "head fails sooner than in section 9.")
+    return (f"{shown}. Pair 1, slowed 1.59x instead of 4x, moves the trained angles less, so "
+            "the short range stays sharper; but it still leaves its trained range within the test "
+            "length, so the head fails sooner far out than in section 9.")
 
 
 # --------------------------------------------------------------------------------------------
@@ -356,6 +388,74 @@ def check_rope_bug_prediction(my_prediction):
                      f"{' and '.join(map(repr, off))} {'was' if len(off) == 1 else 'were'} off: "
                      + "; ".join(_ROPE_BUG_HINTS[k] for k in off))
     return (f"{shown}. rope_buggy is not a rotation. Now write a test that catches it.")
+
+
+# --------------------------------------------------------------------------------------------
+# Section 9 (b): which pair, slowed 4x, gives the previous-token head back (predict first)
+# --------------------------------------------------------------------------------------------
+_SLOWED_PAIR_HINTS = {
+    2: "pair 2 turns 0.01 rad per position: at the distances the head moved to, 39 .. 52, its "
+       "angle is 0.39 .. 0.52 rad, against at most 0.2 in training, and cos changes by about 0.1 "
+       "between them. Work out how far cos and sin move for the other two pairs at those "
+       "distances.",
+    3: "pair 3 turns 0.001 rad per position: at distances 39 .. 52 its angle is 0.04 .. 0.05 rad, "
+       "and cos of that differs from 1 by less than 0.002. Can so small a change in a score "
+       "term let the far keys win? Work out D * theta_i for the other two pairs.",
+    1: "pair 1 turns 0.1 rad per position: at distances 39 .. 52 its angle is 3.9 .. 5.2 rad, "
+       "against at most 2 in training: cos and sin there take values training never paired "
+       "with those keys. Compare that with the changes in pairs 2 and 3.",
+}
+
+
+def _measure_slowed_pairs(model, tokens: torch.Tensor) -> tuple[int, dict]:
+    """Layer 0's previous-token head (picked within the training length, T/4), recomputed with
+    pair 1, 2 or 3 slowed 4x: its mean weight on key i - 1 over the queries T/2 .. T - 1."""
+    from shared.positional import rope_frequencies
+    from shared.tiny_transformer import previous_token_score
+
+    T = tokens.shape[1]
+    theta = rope_frequencies(model.head_dim)
+    trained = int(T / NTK_SCALE)
+    head = int(previous_token_score(_layer0_weights(model, tokens[:, :trained], theta))
+               .mean(dim=0).argmax())
+    late, on_previous = T // 2, {}
+    for pair in (1, 2, 3):
+        slowed = theta.clone()
+        slowed[pair] /= NTK_SCALE
+        w = _layer0_weights(model, tokens, slowed, heads=[head])[:, 0]  # (B, T, T)
+        on_previous[pair] = float(w.diagonal(-1, -2, -1)[:, late - 1:].mean())
+    return head, on_previous
+
+
+@_checker
+def check_slowed_pair_prediction(my_pair, model, tokens):
+    """``my_pair``: 1, 2 or 3, the rotary pair that, slowed 4x alone, hands the RoPE model's
+    previous-token head back to key i - 1 at 4x the training length. ``model``: the notebook's
+    RoPE ``TinyTransformer``; ``tokens``: its ``(B, T)`` test tokens at 4x the training length.
+    The checker measures all three itself (layer 0 only) and shows them once a guess is in."""
+    if my_pair is None:
+        raise _NotAttempted("write 1, 2 or 3 in my_pair; the measurement is shown once it is "
+                            "filled in")
+    if isinstance(my_pair, (bool, np.bool_)) or not isinstance(my_pair, (int, np.integer)) \
+            or int(my_pair) not in (1, 2, 3):
+        raise _Wrong(f"my_pair should be one of the whole numbers 1, 2 or 3; got {my_pair!r}")
+    from shared.tiny_transformer import TinyTransformer
+
+    if not (isinstance(model, TinyTransformer) and model.positional == "rope"):
+        raise _Wrong('pass the notebook\'s RoPE model, models["rope"], as the second argument')
+    if not (isinstance(tokens, torch.Tensor) and tokens.ndim == 2 and tokens.shape[1] >= 8
+            and not tokens.is_floating_point()):
+        raise _Wrong("pass the notebook's T = 84 test tokens, test_sets[4 * L_train], as the "
+                     "third argument")
+    _, on_previous = _measure_slowed_pairs(model, tokens)
+    best = max(on_previous, key=on_previous.get)
+    T = tokens.shape[1]
+    shown = (f"measured: the previous-token head puts on key i - 1 (queries {T // 2} .. {T - 1}) "
+             + ", ".join(f"{w:.2f} with pair {p} slowed 4x" for p, w in on_previous.items()))
+    if int(my_pair) != best:
+        raise _Wrong(f"{shown}. Pair {int(my_pair)} is not the one: "
+                     + _SLOWED_PAIR_HINTS[int(my_pair)])
+    return f"{shown}. The next cells measure the accuracy too."
 
 
 _COURSE_ROPES = ("apply_rope", "rope_half_split", "rope_by_complex", "rope_interleaved",

@@ -351,11 +351,13 @@ def pad_float(attention_mask, T_new):
 # whatever H_kv. Tensor.repeat and repeat_interleave differ for 1 < H_kv < H in every pass, and are
 # the same list for H_kv = 1. is_causal=T_new > 1 is top-left = bottom-right for a prefill from an
 # empty cache (T_q = T_k), and no mask is right for one query, so only a chunk after the prefill
-# shows it, whatever H_kv. Measured below with LlamaStyleAttention.
+# shows it, whatever H_kv. Third run (H_kv = 2, a prefill of 4, a chunk of 2, a decode step): the
+# positions and the mask first go wrong in the chunk, the heads in the prefill. Measured below with
+# LlamaStyleAttention.
 LINES = ["positions = torch.arange(T_new)  # the new tokens, numbered within this pass",
          "    K = K_cache.repeat(1, H // H_kv, 1, 1)  # one key head per query head",
          "context = F.scaled_dot_product_attention(Q, K, V, is_causal=T_new > 1)"]
-PREDICTED = [("decode", "decode"), ("prefill", "never"), ("never", "never")]
+PREDICTED = [("decode", "decode", "chunk"), ("prefill", "never", "prefill"), ("never", "never", "chunk")]
 Q_LINE = "Q = apply_rope(layer.q_proj(x).view(B, T_new, H, d).transpose(1, 2), positions, layer.rope_base)"
 K_LINE = "k = apply_rope(layer.k_proj(x).view(B, T_new, H_kv, d).transpose(1, 2), T + positions,"
 
@@ -375,31 +377,39 @@ CASES = [
     (C.check_llama_step_prediction, (LINES[1:], PREDICTED[1:]), False, "the function has more"),
     (C.check_llama_step_prediction, ([LINES[2]], PREDICTED[2:]), False, "this line is a bug, and the function has more"),
     (C.check_llama_step_prediction, ([K_LINE, *LINES[1:]], PREDICTED), False, "bug_lines[0] is not a bug"),
-    (C.check_llama_step_prediction, ([*LINES, "return layer.o_proj(...)"], [*PREDICTED, ("never", "never")]), False,
+    (C.check_llama_step_prediction, ([*LINES, "return layer.o_proj(...)"], [*PREDICTED, ("never", "never", "never")]), False,
      "bug_lines[3] is not a bug"),
     (C.check_llama_step_prediction, ([LINES[0], "K = K_cache.repeat_interleave(H // H_kv, dim=1)", LINES[2]],
                                      PREDICTED), False, "looks like a fix"),
     (C.check_llama_step_prediction, (["positions = T + torch.arange(T_new)", *LINES[1:]], PREDICTED), False,
      "looks like a fix"),
-    (C.check_llama_step_prediction, ([*LINES, "V = V_cache.repeat(1, H // H_kv, 1, 1)"], [*PREDICTED, ("prefill", "never")]),
+    (C.check_llama_step_prediction, ([*LINES, "V = V_cache.repeat(1, H // H_kv, 1, 1)"], [*PREDICTED, ("prefill", "never", "prefill")]),
      False, "are one bug"),
-    (C.check_llama_step_prediction, ([*LINES, Q_LINE], [*PREDICTED, ("decode", "decode")]), False, "are one bug"),
+    (C.check_llama_step_prediction, ([*LINES, Q_LINE], [*PREDICTED, ("decode", "decode", "chunk")]), False, "are one bug"),
     (C.check_llama_step_prediction, ([LINES[0], 3, LINES[2]], PREDICTED), False, "as a string"),
     (C.check_llama_step_prediction, (LINES, None), None, "every bug found"),
-    (C.check_llama_step_prediction, (LINES, PREDICTED[:2]), False, "must be a list of 3 pairs"),
+    (C.check_llama_step_prediction, (LINES, PREDICTED[:2]), False, "must be a list of 3 triples"),
     (C.check_llama_step_prediction, (LINES, [("decode", "decode"), "prefill", ("never", "never")]), False,
-     "must be a list of 3 pairs"),
-    (C.check_llama_step_prediction, (LINES, [PREDICTED[0], PREDICTED[1], ("decode", "never")]), False,
+     "must be a list of 3 triples"),
+    (C.check_llama_step_prediction, (LINES, [PREDICTED[0], PREDICTED[1], ("decode", "never", "chunk")]), False,
      "a step of one query"),
-    (C.check_llama_step_prediction, (LINES, [PREDICTED[0], PREDICTED[1], ("prefill", "never")]), False, "(T_q = T_k)"),
-    (C.check_llama_step_prediction, (LINES, [PREDICTED[0], ("decode", "never"), PREDICTED[2]]), False,
+    (C.check_llama_step_prediction, (LINES, [PREDICTED[0], PREDICTED[1], ("prefill", "never", "chunk")]), False, "(T_q = T_k)"),
+    (C.check_llama_step_prediction, (LINES, [PREDICTED[0], PREDICTED[1], ("never", "never", "never")]), False,
+     "a chunk of 2 after it (T_q < T_k)"),
+    (C.check_llama_step_prediction, (LINES, [("decode", "decode", "decode"), *PREDICTED[1:]]), False,
+     "first_wrong[0] for H_kv = 2 with a chunk is off"),
+    (C.check_llama_step_prediction, (LINES, [PREDICTED[0], ("prefill", "never", "never"), PREDICTED[2]]), False,
      "section 4's diagram"),
-    (C.check_llama_step_prediction, (LINES, [PREDICTED[0], ("prefill", "prefill"), PREDICTED[2]]), False, "only one"),
-    (C.check_llama_step_prediction, (LINES, [("prefill", "prefill"), *PREDICTED[1:]]), False,
+    (C.check_llama_step_prediction, (LINES, [("chunk", "decode", "chunk"), *PREDICTED[1:]]), False,
+     "this run has no chunk"),
+    (C.check_llama_step_prediction, (LINES, [PREDICTED[0], ("decode", "never", "prefill"), PREDICTED[2]]), False,
+     "section 4's diagram"),
+    (C.check_llama_step_prediction, (LINES, [PREDICTED[0], ("prefill", "prefill", "prefill"), PREDICTED[2]]), False, "only one"),
+    (C.check_llama_step_prediction, (LINES, [("prefill", "prefill", "chunk"), *PREDICTED[1:]]), False,
      "the distance between the positions"),
-    (C.check_llama_step_prediction, (LINES, [("never", "decode"), *PREDICTED[1:]]), False,
+    (C.check_llama_step_prediction, (LINES, [("never", "decode", "chunk"), *PREDICTED[1:]]), False,
      "first_wrong[0] for H_kv = 2 is off"),
-    (C.check_llama_step_prediction, (LINES, [("decode", "first"), *PREDICTED[1:]]), False, "got 'first'"),
+    (C.check_llama_step_prediction, (LINES, [("decode", "first", "chunk"), *PREDICTED[1:]]), False, "got 'first'"),
     (C.check_llama_step_fix, (step_ok,), True, "3 decode steps equal the layer"),
     (C.check_llama_step_fix, (step_list,), True, OK),
     (C.check_llama_step_fix, (stub,), None, NA),
@@ -551,7 +561,7 @@ def test_ceiling_prediction_hides_the_answer_when_wrong(capsys):
         echoed = {f"{v:{fmt}}" for v in (once, repeat) for fmt in (".3g", ".1f")}
         banned = {"32.0", "31.9", "7.99", "8.0"} - echoed
         assert not any(v in out for v in banned), out
-    ex.check_llama_step_prediction(LINES, [PREDICTED[0], ("decode", "never"), PREDICTED[2]])
+    ex.check_llama_step_prediction(LINES, [PREDICTED[0], ("decode", "never", "prefill"), PREDICTED[2]])
     out = capsys.readouterr().out
     assert "first_wrong[1] for H_kv = 2" in out and "first_wrong[2]" not in out and "measured" not in out, out
     # before every line is found, nothing names a bug or says how many there are
@@ -712,14 +722,16 @@ def test_checkers_leave_the_global_random_state_alone(capsys):
 
 
 def test_predictions_hold_for_the_torch_layer():
-    """8.1: each planted bug alone, on LlamaStyleAttention (H = 8), prefill 4 then 3 decode steps,
-    first differs where PREDICTED says. 8.4: with RoPE, positions that count the padding leave
+    """8.1: each planted bug alone, on LlamaStyleAttention (H = 8), prefill 4 then 3 decode steps
+    (H_kv = 2, 1) or prefill 4, a chunk of 2, a decode step (H_kv = 2), first differs where
+    PREDICTED says. 8.4: with RoPE, positions that count the padding leave
     the real tokens' scores as they are (a shared shift), a mask that shows the padding does not."""
     torch.manual_seed(1)
     x = torch.randn(1, 7, 32, dtype=torch.float64)
-    passes = ((0, 4), (4, 5), (5, 6), (6, 7))
+    decode_only, with_chunk = ((0, 4), (4, 5), (5, 6), (6, 7)), ((0, 4), (4, 6), (6, 7))
     bugs = (_step(positions="q_in_pass"), _step(heads="repeat"), _step(mask="is_causal_if_many"))  # LINES' order
-    for (i, step), (j, H_kv) in itertools.product(enumerate(bugs), enumerate((2, 1))):
+    runs = ((2, decode_only), (1, decode_only), (2, with_chunk))
+    for (i, step), (j, (H_kv, passes)) in itertools.product(enumerate(bugs), enumerate(runs)):
         layer = LlamaStyleAttention(32, num_heads=8, num_kv_heads=H_kv).double().eval()
         Kc = Vc = torch.zeros(1, H_kv, 0, 4, dtype=torch.float64)
         outs = []
@@ -728,7 +740,8 @@ def test_predictions_hold_for_the_torch_layer():
                 out, Kc, Vc = step(layer, x[:, a:b], Kc, Vc)
                 outs.append(out)
             diff = (torch.cat(outs, dim=1) - layer(x)).abs().amax(dim=(0, 2))
-        first = "prefill" if diff[:4].max() > 1e-6 else "decode" if diff.max() > 1e-6 else "never"
+        first = ("prefill" if diff[:4].max() > 1e-6 else "chunk" if passes is with_chunk and diff[4:6].max() > 1e-6
+                 else "decode" if diff.max() > 1e-6 else "never")
         assert first == PREDICTED[i][j], (i, H_kv, diff)
     q, k = torch.randn(2, 5, 8, dtype=torch.float64).unbind(0)
     pos = torch.arange(5)
@@ -740,7 +753,7 @@ def test_predictions_hold_for_the_torch_layer():
 
 def test_llama_step_prediction_prints_a_shared_hint_once(capsys):
     """Both guesses for the mask bug wrong share one reasoning hint: it is printed once, not twice."""
-    C.check_llama_step_prediction(LINES, [*PREDICTED[:2], ("decode", "decode")])
+    C.check_llama_step_prediction(LINES, [*PREDICTED[:2], ("decode", "decode", "chunk")])
     out = capsys.readouterr().out
     shared_hint = nb08._MASK_HINT
     assert out.count(shared_hint) == 1, out

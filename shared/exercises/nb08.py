@@ -136,15 +136,18 @@ def _step_cases():
 # buggy_llama_step, as many as they find (the notebook does not say how many there are): the query
 # rotated at its place in the pass ("pos", the `positions` line or the `Q` line), Tensor.repeat
 # ("heads", the K or V line) and is_causal=T_new > 1 ("mask"). Then, for each pasted line, that
-# bug alone with H_kv = 2 and with H_kv = 1 (H = 8, a prefill of 4 tokens, then 3 decode steps):
-# the first pass whose outputs differ from the layer on the whole sequence.
+# bug alone in three runs (H = 8): a prefill of 4 tokens then 3 decode steps, with H_kv = 2 and with
+# H_kv = 1, and a prefill of 4, a chunk of 2 and a decode step, H_kv = 2: the first pass whose
+# outputs differ from the layer on the whole sequence.
 _BUGS = {"pos": {"pos": "k_only"}, "heads": {"heads": "cycle"}, "mask": {"mask": "chunk"}}
 _BUG_MARKS = {"pos": ("positions=torch.arange(T_new)", "Q=apply_rope(layer.q_proj"),
               "heads": (".repeat(",), "mask": ("is_causal",)}  # in the code without spaces
 _FIXES = ("repeat_interleave", "repeat_kv", "enable_gqa", "causal_mask", "attn_mask",
           "T+torch.arange")
-_PREDICT_CHOICES = ("prefill", "decode", "never")
-_PREDICT_H_KV = (2, 1)
+_PREDICT_CHOICES = ("prefill", "chunk", "decode", "never")
+# the three runs of the prediction: (H_kv, a chunk of 2 after the prefill?), named as in the hints
+_PREDICT_RUNS = ((2, False), (1, False), (2, True))
+_RUN_NAMES = ("H_kv = 2", "H_kv = 1", "H_kv = 2 with a chunk")
 _MASK_HINT = ("compare which keys is_causal=True lets each query see with the bottom-right mask of "
               "section 2, in the two kinds of pass of this run: a prefill from an empty cache "
               "(T_q = T_k) and a step of one query; the mask does not depend on the key/value "
@@ -157,11 +160,16 @@ _PREDICT_HINTS = {
                   "give the 8 query heads when there is only one",
     ("mask", 2): _MASK_HINT,
     ("mask", 1): _MASK_HINT,
+    ("mask", "chunk"): ("compare which keys is_causal=True lets each query see with the "
+                        "bottom-right mask of section 2, in each kind of pass of this run: a "
+                        "prefill from an empty cache (T_q = T_k), a chunk of 2 after it "
+                        "(T_q < T_k) and a step of one query"),
     ("pos", 2): "a query's score with a key depends on the distance between the positions they "
                 "were rotated at: work it out for a prefill from an empty cache and for the first "
-                "decode step; the key/value heads play no part in it",
+                "pass after it; the key/value heads play no part in it",
 }
-_PREDICT_HINTS[("pos", 1)] = _PREDICT_HINTS[("pos", 2)]
+_PREDICT_HINTS[("pos", 1)] = _PREDICT_HINTS[("pos", "chunk")] = _PREDICT_HINTS[("pos", 2)]
+_PREDICT_HINTS[("heads", "chunk")] = _PREDICT_HINTS[("heads", 2)]
 
 
 def _distinct(hints) -> list[str]:
@@ -205,56 +213,65 @@ def _check_bug_lines(bug_lines) -> list[str]:
     return kinds
 
 
-def _first_wrong_pass(bug: dict, H_kv: int, H: int = 8) -> str:
+def _first_wrong_pass(bug: dict, H_kv: int, chunk: bool = False, H: int = 8) -> str:
     """Where the outputs of a LLaMA-style step with ``bug`` first differ from the right ones on
-    random weights: ``"prefill"``, ``"decode"`` or ``"never"``."""
+    random weights, over a prefill of 4 tokens then 3 decode steps, or with ``chunk`` a prefill of
+    4, a chunk of 2 and a decode step: ``"prefill"``, ``"chunk"``, ``"decode"`` or ``"never"``."""
     rng = _rng(806)
     hidden, d = 32, 4
     W = {"q": rng.normal(0, 0.6, (H * d, hidden)), "k": rng.normal(0, 0.6, (H_kv * d, hidden)),
          "v": rng.normal(size=(H_kv * d, hidden)), "o": rng.normal(size=(hidden, H * d))}
     x = rng.normal(size=(1, 7, hidden))
-    passes = ((0, 4), (4, 5), (5, 6), (6, 7))
+    passes = ((0, 4), (4, 6), (6, 7)) if chunk else ((0, 4), (4, 5), (5, 6), (6, 7))
     ref = _llama_passes(W, x, passes, H, H_kv, 10000.0)[0]
     got = _llama_passes(W, x, passes, H, H_kv, 10000.0, **bug)[0]
     if not _close(got[:, :4], ref[:, :4]):
         return "prefill"
+    if chunk and not _close(got[:, 4:6], ref[:, 4:6]):
+        return "chunk"
     return "decode" if not _close(got, ref) else "never"
 
 
 @_checker
 def check_llama_step_prediction(bug_lines, first_wrong):
     """``bug_lines``: a list of the buggy lines of ``buggy_llama_step``, pasted as strings, one per
-    bug, in any order. ``first_wrong``: one pair per line, in the same order: for that bug alone,
-    with H_kv = 2 and with H_kv = 1 key/value heads (H = 8 query heads, a prefill of 4 tokens then
-    3 decode steps), ``"prefill"``, ``"decode"`` or ``"never"``: the first pass whose outputs
-    differ from the layer on the whole sequence. The lines are checked first; the checker
+    bug, in any order. ``first_wrong``: one triple per line, in the same order: for that bug alone
+    (H = 8 query heads), in three runs: a prefill of 4 tokens then 3 decode steps with H_kv = 2 and
+    with H_kv = 1, and a prefill of 4, a chunk of 2 and a decode step with H_kv = 2:
+    ``"prefill"``, ``"chunk"``, ``"decode"`` or ``"never"``, the first pass whose outputs differ
+    from the layer on the whole sequence. The lines are checked first; the checker
     measures the passes itself, once every guess is in."""
     kinds = _check_bug_lines(bug_lines)
     if first_wrong is None:
-        raise _NotAttempted("every bug found; now write, for each line of bug_lines, a pair "
-                            "(H_kv = 2, H_kv = 1) of \"prefill\", \"decode\" or \"never\" into "
-                            "first_wrong; the checker measures it, and shows the measurement once "
-                            "all are right")
+        raise _NotAttempted("every bug found; now write, for each line of bug_lines, a triple "
+                            "(H_kv = 2, H_kv = 1, H_kv = 2 with a chunk) of \"prefill\", "
+                            "\"chunk\", \"decode\" or \"never\" into first_wrong; the checker "
+                            "measures it, and shows the measurement once all are right")
     if (isinstance(first_wrong, str) or not isinstance(first_wrong, (list, tuple))
             or len(first_wrong) != len(kinds)
-            or any(isinstance(p, str) or not isinstance(p, (list, tuple)) or len(p) != 2
+            or any(isinstance(p, str) or not isinstance(p, (list, tuple)) or len(p) != 3
                    for p in first_wrong)):
-        raise _Wrong(f"first_wrong must be a list of {len(kinds)} pairs, one per line of "
-                     "bug_lines in the same order, each (guess for H_kv = 2, guess for H_kv = 1); "
-                     f"got {first_wrong!r}")
-    for i, pair in enumerate(first_wrong):
-        for guess in pair:
+        raise _Wrong(f"first_wrong must be a list of {len(kinds)} triples, one per line of "
+                     "bug_lines in the same order, each (guess for H_kv = 2, for H_kv = 1, for "
+                     f"H_kv = 2 with a chunk); got {first_wrong!r}")
+    for i, triple in enumerate(first_wrong):
+        for (_, chunk), name, guess in zip(_PREDICT_RUNS, _RUN_NAMES, triple, strict=True):
             if guess not in _PREDICT_CHOICES:
-                raise _Wrong(f"write \"prefill\", \"decode\" or \"never\" in first_wrong[{i}]; "
-                             f"got {guess!r}")
+                raise _Wrong(f"write \"prefill\", \"chunk\", \"decode\" or \"never\" in "
+                             f"first_wrong[{i}]; got {guess!r}")
+            if guess == "chunk" and not chunk:
+                raise _Wrong(f"first_wrong[{i}] for {name}: this run has no chunk, only a prefill "
+                             "and decode steps")
     off, hints, shown = [], [], []
-    for i, (kind, pair) in enumerate(zip(kinds, first_wrong, strict=True)):
-        measured = [_first_wrong_pass(_BUGS[kind], H_kv) for H_kv in _PREDICT_H_KV]
-        shown.append(f"bug_lines[{i}]: {measured[0]} (H_kv = 2), {measured[1]} (H_kv = 1)")
-        for H_kv, guess, m in zip(_PREDICT_H_KV, pair, measured, strict=True):
+    for i, (kind, triple) in enumerate(zip(kinds, first_wrong, strict=True)):
+        measured = [_first_wrong_pass(_BUGS[kind], H_kv, chunk) for H_kv, chunk in _PREDICT_RUNS]
+        shown.append(f"bug_lines[{i}]: " + ", ".join(f"{m} ({name})" for m, name in
+                                                      zip(measured, _RUN_NAMES, strict=True)))
+        for (H_kv, chunk), name, guess, m in zip(_PREDICT_RUNS, _RUN_NAMES, triple, measured,
+                                                 strict=True):
             if guess != m:  # name only the wrong guesses and why, not the measured answers
-                off.append(f"first_wrong[{i}] for H_kv = {H_kv}")
-                hints.append(_PREDICT_HINTS[(kind, H_kv)])
+                off.append(f"first_wrong[{i}] for {name}")
+                hints.append(_PREDICT_HINTS[(kind, "chunk" if chunk else H_kv)])
     if off:
         raise _Wrong(f"the lines are right; your guess{'es' if len(off) > 1 else ''} "
                      f"{', '.join(off)} {'are' if len(off) > 1 else 'is'} off: "

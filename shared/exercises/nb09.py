@@ -996,8 +996,8 @@ def check_carrier_prediction(my_carrier_guess):
     if guess > values_share + _CARRIER_TOL:
         raise _Missed(f"recorded: you guessed {guess:g}; the values alone restore less than that. "
                       "What closes the gap: the three heads keep looking at the last word, so "
-                      "what changes is the vector they read there; with the tired run's weights "
-                      "that cannot restore more than the whole outputs do (about 0.48). "
+                      "what changes is the vector they read there; the heads' whole outputs, "
+                      "that vector and the new weights together, restore about half of the change. "
                       "Now measure the split (9.4b).")
     return (f"you guessed {guess:g}, within {_CARRIER_TOL} of the measured share: where these "
             "heads look barely matters here; what they read there does. Now measure the split "

@@ -29,6 +29,7 @@ from ._core import (
 )
 
 __all__ = [
+    "grade_switch_prediction",
     "check_replace_prediction",
     "check_split_qkv",
     "check_punctuation_score",
@@ -43,7 +44,7 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------------------------
-# Section 8: a prediction typed in the teaching cell (not an exercise: not in __all__)
+# Section 8: a prediction typed in the teaching cell (not an exercise)
 # --------------------------------------------------------------------------------------------
 _WINS_TOL = 1  # a predicted count of right-way wins within 1 of the measured one is borne out
 
@@ -994,8 +995,9 @@ def check_carrier_prediction(my_carrier_guess):
                       "vectors, above all the last word's. Now measure the split (9.4b).")
     if guess > values_share + _CARRIER_TOL:
         raise _Missed(f"recorded: you guessed {guess:g}; the values alone restore less than that. "
-                      "What closes the gap: the values alone are half of the patch; the heads' "
-                      "whole outputs, weights and values together, set the ceiling. "
+                      "What closes the gap: the three heads keep looking at the last word, so "
+                      "what changes is the vector they read there; the heads' whole outputs, "
+                      "that vector and the new weights together, restore about half of the change. "
                       "Now measure the split (9.4b).")
     return (f"you guessed {guess:g}, within {_CARRIER_TOL} of the measured share: where these "
             "heads look barely matters here; what they read there does. Now measure the split "

@@ -38,10 +38,10 @@ The exercises, by notebook (the checker names say what they check):
 * 08: ``check_llama_step_prediction``, ``check_llama_step_fix``, ``check_ceiling_prediction``,
   ``check_decode_flop_per_byte``, ``check_sink_ring_cache``, ``check_padding_prediction``,
   ``check_left_padding``.
-* 09: ``check_replace_prediction``, ``check_split_qkv``, ``check_punctuation_score``,
-  ``check_punctuation_guess``, ``check_punctuation_head``, ``check_silenced_heads``,
-  ``check_silencing_prediction``, ``check_random_sets``, ``check_carrier_prediction``,
-  ``check_weights_values_split``.
+* 09: ``grade_switch_prediction``, ``check_replace_prediction``, ``check_split_qkv``,
+  ``check_punctuation_score``, ``check_punctuation_guess``, ``check_punctuation_head``,
+  ``check_silenced_heads``, ``check_silencing_prediction``, ``check_random_sets``,
+  ``check_carrier_prediction``, ``check_weights_values_split``.
 * 10: ``check_temperature_grad``, ``check_bias_grads``, ``check_fixed_backward``,
   ``check_attention_saved_bytes``, ``check_memory_crossover``.
 * 11: ``check_chunked_causal``, ``check_window_bug``, ``check_tile_counts``,

@@ -661,7 +661,7 @@ def plot_block_sweep(blocks, times_ms, causal_ms, sdpa_ms: float, extra_mib, T: 
            title=f"Tiled attention at T = {T} on {device}, by block size")
     ax_mem = ax.twinx()
     ax_mem.semilogy(blocks, list(extra_mib), "o:", color="tab:purple", base=2,
-                    label="extra memory beyond the output")
+                    label="extra memory beyond the output (right axis)")
     ax_mem.set_ylabel("extra memory (MiB, log scale)", color="tab:purple")
     log_ticks(ax_mem)
     ax.legend(handles=ax.get_lines() + ax_mem.get_lines(), fontsize=8, loc="upper center",

@@ -723,7 +723,7 @@ def check_halving_prediction(halving_prediction):
     if near(mem, 1 / ref_mem) or mem > 1:
         raise _Wrong("memory: a smaller block holds less, so the factor is below 1; write new "
                      "/ old")
-    raise _Wrong("memory: add up what one (sequence, head) holds at each block size (section 6: "
+    raise _Wrong("memory: add up what one (sequence, head) holds at each block size (section 7: "
                  "a score tile, the query block and the accumulator, two columns) and divide")
 
 

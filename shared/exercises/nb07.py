@@ -15,6 +15,7 @@ __all__ = [
     "check_ntk_outcome",
     "check_rope_bug_prediction",
     "check_slowed_pair_prediction",
+    "check_alibi_factor_prediction",
     "check_catches_bug",
     "check_to_half_split",
     "check_alibi_mass_beyond",
@@ -388,6 +389,69 @@ def check_rope_bug_prediction(my_prediction):
                      f"{' and '.join(map(repr, off))} {'was' if len(off) == 1 else 'were'} off: "
                      + "; ".join(_ROPE_BUG_HINTS[k] for k in off))
     return (f"{shown}. rope_buggy is not a rotation. Now write a test that catches it.")
+
+
+# --------------------------------------------------------------------------------------------
+# Section 8: ALiBi's weight ratio between neighbouring distances (predict first)
+# --------------------------------------------------------------------------------------------
+_FACTOR_SLOPE = 0.5
+_FACTOR_MISTAKES = (  # (value, hint): typical wrong factors for slope 1/2
+    (0.5, "0.5 is the slope, the difference between the two keys' scores, not the ratio of their "
+          "weights: what does the softmax do to a score before it normalises?"),
+    (math.exp(-0.5), "That is the weight at distance D + 1 over the weight at distance D, the "
+                     "ratio turned upside down: the nearer key has the smaller penalty, so its "
+                     "weight is the larger one"),
+    (2.0, "2 is 1 / slope, a number of tokens: the ratio of two weights comes from the "
+          "difference of their scores, which is the slope"),
+    (1.5, "1 + slope is only the first-order approximation: the softmax turns a score difference "
+          "into a weight ratio exactly, not to first order"),
+)
+
+
+def _measure_alibi_factor() -> tuple[list[int], float, float]:
+    """Weight at distance D over weight at distance D + 1 for ALiBi slope 1/2 with equal content
+    scores, over every query and D of causal sequences of hidden lengths."""
+    gen = torch.Generator().manual_seed(807)
+    lengths = sorted(int(t) for t in torch.randint(5, 60, (3,), generator=gen))
+    ratios = []
+    for T in lengths:
+        i = torch.arange(T)
+        dist = (i[:, None] - i[None, :]).double()  # (T, T): query i, key j, distance i - j
+        w = torch.softmax((-_FACTOR_SLOPE * dist).masked_fill(dist < 0, float("-inf")), dim=-1)
+        visible = (dist[:, :-1] >= 1)  # key j and key j + 1 both visible: distances D + 1 and D
+        ratios.append((w[:, 1:] / w[:, :-1])[visible])
+    r = torch.cat(ratios)
+    return lengths, float(r.min()), float(r.max())
+
+
+@_checker
+def check_alibi_factor_prediction(my_factor, my_same_for_all=None):
+    """``my_factor``: a number, the weight an ALiBi head of slope 1/2 gives the key at distance D
+    over the key at distance D + 1 when every content score is equal; ``my_same_for_all``:
+    ``True`` or ``False``, whether that factor is the same for every D and every number of keys
+    T. The checker measures the factor itself on hidden lengths once both are filled in."""
+    if my_factor is None or my_same_for_all is None:
+        raise _NotAttempted("write a number in my_factor and True or False in my_same_for_all; "
+                            "the measurement is shown once both are filled in")
+    factor = _number(my_factor, "my_factor")
+    if not isinstance(my_same_for_all, (bool, np.bool_)):
+        raise _Wrong(f"my_same_for_all should be True or False; got {my_same_for_all!r}")
+    lengths, lo, hi = _measure_alibi_factor()
+    shown = (f"measured for slope 1/2 at T = {', '.join(map(str, lengths))}: weight at D / weight "
+             f"at D + 1 = {lo:.4f} .. {hi:.4f} over every query and D")
+    hints = []
+    if not _near(factor, math.exp(_FACTOR_SLOPE), rel=0.01):
+        hint = next((h for v, h in _FACTOR_MISTAKES if _near(factor, v, rel=0.01)), None)
+        hints.append(hint or f"Your factor {factor:.4g} is off: the softmax gives key j a weight "
+                             "proportional to a function of its score alone; what is it, and "
+                             "how far apart are the two keys' scores?")
+    if not bool(my_same_for_all):
+        hints.append("For my_same_for_all: the softmax divides every weight of a query by the same "
+                     "sum; in the ratio of two of its weights that sum cancels. What is left, "
+                     "and does it contain D or T?")
+    if hints:
+        raise _Wrong(f"{shown}. " + " ".join(hints))
+    return f"{shown}, the same for every D and T."
 
 
 # --------------------------------------------------------------------------------------------

@@ -457,23 +457,34 @@ def check_alibi_factor_prediction(my_factor, my_same_for_all=None):
 # --------------------------------------------------------------------------------------------
 # Section 9 (b): which pair, slowed 4x, gives the previous-token head back (predict first)
 # --------------------------------------------------------------------------------------------
-_SLOWED_PAIR_HINTS = {
-    2: "pair 2 turns 0.01 rad per position: at the distances the head moved to, 39 .. 52, its "
-       "angle is 0.39 .. 0.52 rad, against at most 0.2 in training, and cos changes by about 0.1 "
-       "between them. Work out how far cos and sin move for the other two pairs at those "
-       "distances.",
-    3: "pair 3 turns 0.001 rad per position: at distances 39 .. 52 its angle is 0.04 .. 0.05 rad, "
-       "and cos of that differs from 1 by less than 0.002. Can so small a change in a score "
-       "term let the far keys win? Work out D * theta_i for the other two pairs.",
-    1: "pair 1 turns 0.1 rad per position: at distances 39 .. 52 its angle is 3.9 .. 5.2 rad, "
-       "against at most 2 in training: cos and sin there take values training never paired "
-       "with those keys. Compare that with the changes in pairs 2 and 3.",
-}
+def _slowed_pair_hint(pair: int, far: tuple[int, int], theta: torch.Tensor, trained: int) -> str:
+    """The hint for a wrong ``my_pair``, with the angles at the measured far distances ``far``
+    (the lowest and highest of the head's four heaviest distances) and at ``trained`` (the
+    largest distance seen in training)."""
+    lo, hi = far
+    t = float(theta[pair])
+    top = trained * t
+    if pair == 2:
+        return (f"pair 2 turns {t:.2g} rad per position: at the distances the head moved to, "
+                f"{lo} .. {hi}, its angle is {lo * t:.2f} .. {hi * t:.2f} rad, against at most "
+                f"{top:.2g} in training, and cos changes by {math.cos(top) - math.cos(hi * t):.2f} "
+                "between them. Work out how far cos and sin move for the other two pairs at "
+                "those distances.")
+    if pair == 3:
+        return (f"pair 3 turns {t:.2g} rad per position: at distances {lo} .. {hi} its angle is "
+                f"{lo * t:.3f} .. {hi * t:.3f} rad, and cos of that differs from 1 by at most "
+                f"{1 - math.cos(hi * t):.4f}. Can so small a change in a score term let the far "
+                "keys win? Work out D * theta_i for the other two pairs.")
+    return (f"pair 1 turns {t:.2g} rad per position: at distances {lo} .. {hi} its angle is "
+            f"{lo * t:.1f} .. {hi * t:.1f} rad, against at most {top:.2g} in training: cos and sin "
+            "there take values training never paired with those keys. Compare that with the "
+            "changes in pairs 2 and 3.")
 
 
-def _measure_slowed_pairs(model, tokens: torch.Tensor) -> tuple[int, dict]:
+def _measure_slowed_pairs(model, tokens: torch.Tensor) -> tuple[int, dict, tuple[int, int]]:
     """Layer 0's previous-token head (picked within the training length, T/4), recomputed with
-    pair 1, 2 or 3 slowed 4x: its mean weight on key i - 1 over the queries T/2 .. T - 1."""
+    pair 1, 2 or 3 slowed 4x: its mean weight on key i - 1 over the queries T/2 .. T - 1; and,
+    as trained, the lowest and highest of the four distances it weights most there."""
     from shared.positional import rope_frequencies
     from shared.tiny_transformer import previous_token_score
 
@@ -483,12 +494,16 @@ def _measure_slowed_pairs(model, tokens: torch.Tensor) -> tuple[int, dict]:
     head = int(previous_token_score(_layer0_weights(model, tokens[:, :trained], theta))
                .mean(dim=0).argmax())
     late, on_previous = T // 2, {}
+    w = _layer0_weights(model, tokens, theta, heads=[head])[:, 0, late:]  # (B, T - late, T)
+    dist = torch.arange(late, T)[:, None] - torch.arange(T)[None, :]  # (T - late, T)
+    by_distance = torch.stack([(w * (dist == D)).sum(dim=(1, 2)).mean() for D in range(T)])
+    top = by_distance.topk(4).indices
     for pair in (1, 2, 3):
         slowed = theta.clone()
         slowed[pair] /= NTK_SCALE
         w = _layer0_weights(model, tokens, slowed, heads=[head])[:, 0]  # (B, T, T)
         on_previous[pair] = float(w.diagonal(-1, -2, -1)[:, late - 1:].mean())
-    return head, on_previous
+    return head, on_previous, (int(top.min()), int(top.max()))
 
 
 @_checker
@@ -503,6 +518,7 @@ def check_slowed_pair_prediction(my_pair, model, tokens):
     if isinstance(my_pair, (bool, np.bool_)) or not isinstance(my_pair, (int, np.integer)) \
             or int(my_pair) not in (1, 2, 3):
         raise _Wrong(f"my_pair should be one of the whole numbers 1, 2 or 3; got {my_pair!r}")
+    from shared.positional import rope_frequencies
     from shared.tiny_transformer import TinyTransformer
 
     if not (isinstance(model, TinyTransformer) and model.positional == "rope"):
@@ -511,14 +527,15 @@ def check_slowed_pair_prediction(my_pair, model, tokens):
             and not tokens.is_floating_point()):
         raise _Wrong("pass the notebook's T = 84 test tokens, test_sets[4 * L_train], as the "
                      "third argument")
-    _, on_previous = _measure_slowed_pairs(model, tokens)
+    _, on_previous, far = _measure_slowed_pairs(model, tokens)
     best = max(on_previous, key=on_previous.get)
     T = tokens.shape[1]
     shown = (f"measured: the previous-token head puts on key i - 1 (queries {T // 2} .. {T - 1}) "
              + ", ".join(f"{w:.2f} with pair {p} slowed 4x" for p, w in on_previous.items()))
     if int(my_pair) != best:
         raise _Wrong(f"{shown}. Pair {int(my_pair)} is not the one: "
-                     + _SLOWED_PAIR_HINTS[int(my_pair)])
+                     + _slowed_pair_hint(int(my_pair), far, rope_frequencies(model.head_dim),
+                                         T // 4 - 1))
     return f"{shown}. The next cells measure the accuracy too."
 
 

@@ -494,9 +494,8 @@ def _measure_slowed_pairs(model, tokens: torch.Tensor) -> tuple[int, dict, tuple
     head = int(previous_token_score(_layer0_weights(model, tokens[:, :trained], theta))
                .mean(dim=0).argmax())
     late, on_previous = T // 2, {}
-    w = _layer0_weights(model, tokens, theta, heads=[head])[:, 0, late:]  # (B, T - late, T)
-    dist = torch.arange(late, T)[:, None] - torch.arange(T)[None, :]  # (T - late, T)
-    by_distance = torch.stack([(w * (dist == D)).sum(dim=(1, 2)).mean() for D in range(T)])
+    w = _layer0_weights(model, tokens, theta, heads=[head])[:, 0]  # (B, T, T), as trained
+    by_distance = torch.stack([w.diagonal(-D, -2, -1)[:, max(late - D, 0):].sum() for D in range(T)])
     top = by_distance.topk(4).indices
     for pair in (1, 2, 3):
         slowed = theta.clone()

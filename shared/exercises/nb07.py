@@ -495,7 +495,8 @@ def _measure_slowed_pairs(model, tokens: torch.Tensor) -> tuple[int, dict, tuple
                .mean(dim=0).argmax())
     late, on_previous = T // 2, {}
     w = _layer0_weights(model, tokens, theta, heads=[head])[:, 0]  # (B, T, T), as trained
-    by_distance = torch.stack([w.diagonal(-D, -2, -1)[:, max(late - D, 0):].sum() for D in range(T)])
+    by_distance = torch.stack([w.diagonal(-D, -2, -1)[:, max(late - D, 0):].sum()
+                               for D in range(T)])  # (T,): weight of queries late .. T - 1 on D
     top = by_distance.topk(4).indices
     for pair in (1, 2, 3):
         slowed = theta.clone()

@@ -650,6 +650,8 @@ def test_every_checker_is_covered_three_ways():
             results = [c[1] for c in OUTCOME_CASES]
         if name == "check_slowed_pair_prediction":
             results = [c[1] for c in SLOWED_PAIR_CASES]
+        if name == "check_alibi_factor_prediction":
+            results = [c[2] for c in FACTOR_CASES]
         assert True in results and None in results, name
         assert results.count(False) >= 2, name
     assert set(CHECKERS) <= set(ex.__all__)
@@ -795,3 +797,44 @@ def test_slowed_pair_is_what_the_model_does(rope_run):
         w = torch.softmax(scores.masked_fill(torch.ones(84, 84, dtype=torch.bool).triu(1), float("-inf")), dim=-1)
         on_previous[pair] = float(w.diagonal(-1, -2, -1)[:, 41:].mean())
     assert on_previous[1] > 0.5 and max(on_previous[2], on_previous[3]) < 0.05, on_previous
+
+
+# Section 8: ALiBi's ratio between neighbouring distances, predicted before the measurement ------
+E_HALF = math.exp(0.5)  # hand-derived: w(D) / w(D + 1) = e^(-D/2) / e^(-(D + 1)/2) = e^(1/2)
+FACTOR_CASES = [  # (my_factor, my_same_for_all, expected, phrase)
+    (E_HALF, True, True, "1.6487 .. 1.6487"),
+    (1.65, True, True, "the same for every D and T"),
+    (torch.tensor(E_HALF), np.bool_(True), True, "correct"),
+    (None, None, None, "write a number in my_factor"),
+    (E_HALF, None, None, "once both are filled in"),
+    (0.5, True, False, "0.5 is the slope"),
+    (math.exp(-0.5), True, False, "ratio turned upside down"),
+    (2.0, True, False, "2 is 1 / slope"),
+    (1.5, True, False, "first-order approximation"),
+    (1.6, True, False, "Your factor 1.6 is off"),
+    (E_HALF, False, False, "that sum cancels"),
+    (0.5, False, False, "0.5 is the slope, the difference between the two keys' scores, not the ratio of their weights: "
+                        "what does the softmax do to a score before it normalises? For my_same_for_all"),
+    ("1.65", True, False, "should be a number"),
+    (E_HALF, "yes", False, "my_same_for_all should be True or False"),
+]
+
+
+@pytest.mark.parametrize("factor, same, expected, phrase", FACTOR_CASES, ids=[f"{c[0]!r}-{c[1]!r}" for c in FACTOR_CASES])
+def test_alibi_factor_prediction(capsys, factor, same, expected, phrase):
+    result, out = run(capsys, ex.check_alibi_factor_prediction, factor, same)
+    assert result.passed is expected, out
+    assert phrase in out, out
+
+
+def test_alibi_factor_is_what_sdpa_does():
+    """Independently of the checker: PyTorch's SDPA with notebook 07's ALiBi bias (slope 1/2 head)
+    and equal content scores gives weights whose neighbour ratio is e^(1/2) at every length."""
+    from shared.positional import alibi_bias
+
+    for T in (3, 17):
+        v = torch.eye(T, dtype=torch.float64)[None, None]  # values = identity: the output is the weights
+        q = k = torch.zeros(1, 1, T, 4, dtype=torch.float64)  # equal content scores
+        w = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=alibi_bias(8, T, dtype=torch.float64)[:1])[0, 0]
+        ratio = w[-1, 1:] / w[-1, :-1]  # last query: key j + 1 (distance D) over key j (distance D + 1)
+        torch.testing.assert_close(ratio, torch.full_like(ratio, E_HALF), rtol=1e-12, atol=0)

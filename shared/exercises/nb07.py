@@ -15,6 +15,7 @@ __all__ = [
     "check_ntk_outcome",
     "check_rope_bug_prediction",
     "check_slowed_pair_prediction",
+    "check_alibi_factor_prediction",
     "check_catches_bug",
     "check_to_half_split",
     "check_alibi_mass_beyond",
@@ -391,25 +392,99 @@ def check_rope_bug_prediction(my_prediction):
 
 
 # --------------------------------------------------------------------------------------------
+# Section 8: ALiBi's weight ratio between neighbouring distances (predict first)
+# --------------------------------------------------------------------------------------------
+_FACTOR_SLOPE = 0.5
+_FACTOR_MISTAKES = (  # (value, hint): typical wrong factors for slope 1/2
+    (0.5, "0.5 is the slope, the difference between the two keys' scores, not the ratio of their "
+          "weights: what does the softmax do to a score before it normalises?"),
+    (math.exp(-0.5), "That is the weight at distance D + 1 over the weight at distance D, the "
+                     "ratio turned upside down: the nearer key has the smaller penalty, so its "
+                     "weight is the larger one"),
+    (2.0, "2 is 1 / slope, a number of tokens: the ratio of two weights comes from the "
+          "difference of their scores, which is the slope"),
+    (1.5, "1 + slope is only the first-order approximation: the softmax turns a score difference "
+          "into a weight ratio exactly, not to first order"),
+)
+
+
+def _measure_alibi_factor() -> tuple[list[int], float, float]:
+    """Weight at distance D over weight at distance D + 1 for ALiBi slope 1/2 with equal content
+    scores, over every query and D of causal sequences of hidden lengths."""
+    gen = torch.Generator().manual_seed(807)
+    lengths = sorted(int(t) for t in torch.randint(5, 60, (3,), generator=gen))
+    ratios = []
+    for T in lengths:
+        i = torch.arange(T)
+        dist = (i[:, None] - i[None, :]).double()  # (T, T): query i, key j, distance i - j
+        w = torch.softmax((-_FACTOR_SLOPE * dist).masked_fill(dist < 0, float("-inf")), dim=-1)
+        visible = (dist[:, :-1] >= 1)  # key j and key j + 1 both visible: distances D + 1 and D
+        ratios.append((w[:, 1:] / w[:, :-1])[visible])
+    r = torch.cat(ratios)
+    return lengths, float(r.min()), float(r.max())
+
+
+@_checker
+def check_alibi_factor_prediction(my_factor, my_same_for_all=None):
+    """``my_factor``: a number, the weight an ALiBi head of slope 1/2 gives the key at distance D
+    over the key at distance D + 1 when every content score is equal; ``my_same_for_all``:
+    ``True`` or ``False``, whether that factor is the same for every D and every number of keys
+    T. The checker measures the factor itself on hidden lengths once both are filled in."""
+    if my_factor is None or my_same_for_all is None:
+        raise _NotAttempted("write a number in my_factor and True or False in my_same_for_all; "
+                            "the measurement is shown once both are filled in")
+    factor = _number(my_factor, "my_factor")
+    if not isinstance(my_same_for_all, (bool, np.bool_)):
+        raise _Wrong(f"my_same_for_all should be True or False; got {my_same_for_all!r}")
+    lengths, lo, hi = _measure_alibi_factor()
+    shown = (f"measured for slope 1/2 at T = {', '.join(map(str, lengths))}: weight at D / weight "
+             f"at D + 1 = {lo:.4f} .. {hi:.4f} over every query and D")
+    hints = []
+    if not _near(factor, math.exp(_FACTOR_SLOPE), rel=0.01):
+        hint = next((h for v, h in _FACTOR_MISTAKES if _near(factor, v, rel=0.01)), None)
+        hints.append(hint or f"Your factor {factor:.4g} is off: the softmax gives key j a weight "
+                             "proportional to a function of its score alone; what is it, and "
+                             "how far apart are the two keys' scores?")
+    if not bool(my_same_for_all):
+        hints.append("For my_same_for_all: the softmax divides every weight of a query by the same "
+                     "sum; in the ratio of two of its weights that sum cancels. What is left, "
+                     "and does it contain D or T?")
+    if hints:
+        raise _Wrong(f"{shown}. " + " ".join(hints))
+    return f"{shown}, the same for every D and T."
+
+
+# --------------------------------------------------------------------------------------------
 # Section 9 (b): which pair, slowed 4x, gives the previous-token head back (predict first)
 # --------------------------------------------------------------------------------------------
-_SLOWED_PAIR_HINTS = {
-    2: "pair 2 turns 0.01 rad per position: at the distances the head moved to, 39 .. 52, its "
-       "angle is 0.39 .. 0.52 rad, against at most 0.2 in training, and cos changes by about 0.1 "
-       "between them. Work out how far cos and sin move for the other two pairs at those "
-       "distances.",
-    3: "pair 3 turns 0.001 rad per position: at distances 39 .. 52 its angle is 0.04 .. 0.05 rad, "
-       "and cos of that differs from 1 by less than 0.002. Can so small a change in a score "
-       "term let the far keys win? Work out D * theta_i for the other two pairs.",
-    1: "pair 1 turns 0.1 rad per position: at distances 39 .. 52 its angle is 3.9 .. 5.2 rad, "
-       "against at most 2 in training: cos and sin there take values training never paired "
-       "with those keys. Compare that with the changes in pairs 2 and 3.",
-}
+def _slowed_pair_hint(pair: int, far: tuple[int, int], theta: torch.Tensor, trained: int) -> str:
+    """The hint for a wrong ``my_pair``, with the angles at the measured far distances ``far``
+    (the lowest and highest of the head's four heaviest distances) and at ``trained`` (the
+    largest distance seen in training)."""
+    lo, hi = far
+    t = float(theta[pair])
+    top = trained * t
+    if pair == 2:
+        return (f"pair 2 turns {t:.2g} rad per position: at the distances the head moved to, "
+                f"{lo} .. {hi}, its angle is {lo * t:.2f} .. {hi * t:.2f} rad, against at most "
+                f"{top:.2g} in training, and cos changes by {math.cos(top) - math.cos(hi * t):.2f} "
+                "between them. Work out how far cos and sin move for the other two pairs at "
+                "those distances.")
+    if pair == 3:
+        return (f"pair 3 turns {t:.2g} rad per position: at distances {lo} .. {hi} its angle is "
+                f"{lo * t:.3f} .. {hi * t:.3f} rad, and cos of that differs from 1 by at most "
+                f"{1 - math.cos(hi * t):.4f}. Can so small a change in a score term let the far "
+                "keys win? Work out D * theta_i for the other two pairs.")
+    return (f"pair 1 turns {t:.2g} rad per position: at distances {lo} .. {hi} its angle is "
+            f"{lo * t:.1f} .. {hi * t:.1f} rad, against at most {top:.2g} in training: cos and sin "
+            "there take values training never paired with those keys. Compare that with the "
+            "changes in pairs 2 and 3.")
 
 
-def _measure_slowed_pairs(model, tokens: torch.Tensor) -> tuple[int, dict]:
+def _measure_slowed_pairs(model, tokens: torch.Tensor) -> tuple[int, dict, tuple[int, int]]:
     """Layer 0's previous-token head (picked within the training length, T/4), recomputed with
-    pair 1, 2 or 3 slowed 4x: its mean weight on key i - 1 over the queries T/2 .. T - 1."""
+    pair 1, 2 or 3 slowed 4x: its mean weight on key i - 1 over the queries T/2 .. T - 1; and,
+    as trained, the lowest and highest of the four distances it weights most there."""
     from shared.positional import rope_frequencies
     from shared.tiny_transformer import previous_token_score
 
@@ -419,12 +494,16 @@ def _measure_slowed_pairs(model, tokens: torch.Tensor) -> tuple[int, dict]:
     head = int(previous_token_score(_layer0_weights(model, tokens[:, :trained], theta))
                .mean(dim=0).argmax())
     late, on_previous = T // 2, {}
+    w = _layer0_weights(model, tokens, theta, heads=[head])[:, 0]  # (B, T, T), as trained
+    by_distance = torch.stack([w.diagonal(-D, -2, -1)[:, max(late - D, 0):].sum()
+                               for D in range(T)])  # (T,): weight of queries late .. T - 1 on D
+    top = by_distance.topk(4).indices
     for pair in (1, 2, 3):
         slowed = theta.clone()
         slowed[pair] /= NTK_SCALE
         w = _layer0_weights(model, tokens, slowed, heads=[head])[:, 0]  # (B, T, T)
         on_previous[pair] = float(w.diagonal(-1, -2, -1)[:, late - 1:].mean())
-    return head, on_previous
+    return head, on_previous, (int(top.min()), int(top.max()))
 
 
 @_checker
@@ -439,6 +518,7 @@ def check_slowed_pair_prediction(my_pair, model, tokens):
     if isinstance(my_pair, (bool, np.bool_)) or not isinstance(my_pair, (int, np.integer)) \
             or int(my_pair) not in (1, 2, 3):
         raise _Wrong(f"my_pair should be one of the whole numbers 1, 2 or 3; got {my_pair!r}")
+    from shared.positional import rope_frequencies
     from shared.tiny_transformer import TinyTransformer
 
     if not (isinstance(model, TinyTransformer) and model.positional == "rope"):
@@ -447,14 +527,15 @@ def check_slowed_pair_prediction(my_pair, model, tokens):
             and not tokens.is_floating_point()):
         raise _Wrong("pass the notebook's T = 84 test tokens, test_sets[4 * L_train], as the "
                      "third argument")
-    _, on_previous = _measure_slowed_pairs(model, tokens)
+    _, on_previous, far = _measure_slowed_pairs(model, tokens)
     best = max(on_previous, key=on_previous.get)
     T = tokens.shape[1]
     shown = (f"measured: the previous-token head puts on key i - 1 (queries {T // 2} .. {T - 1}) "
              + ", ".join(f"{w:.2f} with pair {p} slowed 4x" for p, w in on_previous.items()))
     if int(my_pair) != best:
         raise _Wrong(f"{shown}. Pair {int(my_pair)} is not the one: "
-                     + _SLOWED_PAIR_HINTS[int(my_pair)])
+                     + _slowed_pair_hint(int(my_pair), far, rope_frequencies(model.head_dim),
+                                         T // 4 - 1))
     return f"{shown}. The next cells measure the accuracy too."
 
 

@@ -433,6 +433,10 @@ CASES = [
      "for Q and V is not"),
     (C.check_k_composition, (kc_ok, 0.18, {**KQV, "V": "above"}, NB), False,
      "Removed from layer 1's values"),
+    (C.check_k_composition, (kc_ok, 0.18, {**KQV, "Q": "about", "V": "about"}, NB), False,
+     "for Q and V is not"),
+    (C.check_k_composition, (kc_ok, 0.18, {**KQV, "K": "about"}, NB), False,
+     "removed from the keys alone"),
     (C.check_k_composition, (kc_ok, 0.18, {"K": "above", "Q": "below"}, NB), False,
      "set prediction to a dict"),
     (C.check_k_composition, (kc_ok, 0.18, {**KQV, "K": "higher"}, NB), False,
@@ -579,10 +583,10 @@ def test_the_composition_mistakes_are_all_different_on_the_hidden_cases():
 
 
 def test_k_composition_on_the_notebook_model_lies_far_from_the_random_level():
-    """The checker's verdict for 6.3 ({"K": "above", "Q": "below", "V": "below"} against
-    1/sqrt(32)), with this file's own scores: K of the previous-token head (0, 0) with both
-    layer-1 heads at least 1.4x the random level, Q and V at most half of it; the untrained
-    model's K scores within 15% of it."""
+    """The checker's verdict for 6.3 ({"K": "above", "Q": "below", "V": "below"}, outside a
+    factor 1.2 of 1/sqrt(32)), with this file's own scores: K of the previous-token head (0, 0)
+    with both layer-1 heads at least 1.4x the random level, Q and V at most half of it; the
+    untrained model's K scores within 15% of it."""
     level = 1 / math.sqrt(32)
     trained, untrained = notebook_model(), untrained_model()
     assert kc_ok(trained)[0].min() > 1.4 * level

@@ -347,7 +347,8 @@ def _trained_notebook_model(model, exercise: str):
 # --------------------------------------------------------------------------------------------
 # 6.3 K-composition from the weights alone (predict, then measure)
 # --------------------------------------------------------------------------------------------
-_K_DIRECTIONS = ("above", "below")
+_K_DIRECTIONS = ("above", "about", "below")
+_K_BAND = 1.2  # "about": within a factor 1.2 of the random level
 
 
 def _check_baseline(baseline, d: int, head_dim: int) -> None:
@@ -422,9 +423,9 @@ def check_k_composition(k_composition, baseline, prediction, model):
     """``k_composition(model)`` -> ``(H, H)``: entry ``[h0, h1]`` the K-composition score of
     layer-0 head h0 with layer-1 head h1. ``baseline``: the score random weights give with the
     notebook's shapes, derived first. ``prediction``: ``{"K": ..., "Q": ..., "V": ...}``, each
-    ``"above"`` or ``"below"``: where training puts the previous-token head's scores with the
-    induction heads, relative to that baseline. The checker measures only once both are filled
-    in. ``model``: the notebook's trained model."""
+    ``"above"``, ``"about"`` (within a factor 1.2) or ``"below"``: where training puts the
+    previous-token head's scores with the induction heads, relative to that baseline. The
+    checker measures only once both are filled in. ``model``: the notebook's trained model."""
     if callable(k_composition) and not _core._did_work(k_composition):
         _call(k_composition, None, name="k_composition")  # a stub
     if baseline is None or prediction is None:
@@ -435,8 +436,8 @@ def check_k_composition(k_composition, baseline, prediction, model):
         raise _Wrong(f"baseline should be a number (a K score); got {baseline!r}")
     if (not isinstance(prediction, dict) or set(prediction) != {"K", "Q", "V"}
             or any(v not in _K_DIRECTIONS for v in prediction.values())):
-        raise _Wrong('set prediction to a dict {"K": ..., "Q": ..., "V": ...}, each "above" or '
-                     f'"below"; got {prediction!r}')
+        raise _Wrong('set prediction to a dict {"K": ..., "Q": ..., "V": ...}, each "above", '
+                     f'"about" or "below"; got {prediction!r}')
     for net, heads in _k_models():
         out = _call(k_composition, net, name="k_composition")
         if isinstance(out, torch.Tensor):
@@ -481,8 +482,10 @@ def check_k_composition(k_composition, baseline, prediction, model):
               "V": _ref_k_composition(model, "values")[h0]}
     measured = {}
     for name, s in scores.items():  # both pairs of the previous-token head lie on one side
-        measured[name] = ("above" if s.min() > random_level
-                          else "below" if s.max() < random_level else "mixed")
+        measured[name] = ("above" if s.min() > _K_BAND * random_level
+                          else "below" if s.max() < random_level / _K_BAND
+                          else "about" if (s / random_level).max() < _K_BAND
+                          and (random_level / s).max() < _K_BAND else "mixed")
     from ..tiny_transformer import TinyTransformer
 
     torch.manual_seed(2)

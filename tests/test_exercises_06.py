@@ -24,6 +24,7 @@ from shared.tiny_transformer import (
 from tests.checker_helpers import case_id
 
 NA, OK = "not attempted yet", "correct!"
+KQV = {"K": "above", "Q": "below", "V": "below"}  # 6.3: the measured answer
 
 
 @pytest.fixture(autouse=True)
@@ -407,23 +408,50 @@ CASES = [
     (C.check_position_mean_ablation, (pma_returns_model, "worse", NB), False, "not a model"),
     # 6.3
     # 6.4 (10 of the 14 repeated queries of a period-5 sequence find their copy 9 back: 10 / 14)
-    (C.check_k_composition, (kc_ok, "0.2 to 0.7", NB), True, OK),
-    (C.check_k_composition, (kc_ok, "0.2 to 0.7", NB), True, "point to K-composition"),
-    (C.check_k_composition, (stub, None, None), None, NA),
-    (C.check_k_composition, (stub, "0.2 to 0.7", None), None, NA),
-    (C.check_k_composition, (kc_ok, None, None), None, "write your prediction into prediction"),
-    (C.check_k_composition, (kc_ok, "above 0.7", NB), False, "your prediction is not"),
-    (C.check_k_composition, (kc_ok, "below 0.2", NB), False, "against its untrained level"),
-    (C.check_k_composition, (kc_ok, "high", NB), False, "set prediction to one of"),
-    (C.check_k_composition, (kc_ok, "0.2 to 0.7", NB0), False, "has not learned the task"),
-    (C.check_k_composition, (kc_no_transpose, "0.2 to 0.7", NB), False, "needs W_OV transposed"),
-    (C.check_k_composition, (kc_query_side, "0.2 to 0.7", NB), False, "you measured Q-composition"),
-    (C.check_k_composition, (kc_values, "0.2 to 0.7", NB), False, "you measured V-composition"),
-    (C.check_k_composition, (kc_no_norms, "0.2 to 0.7", NB), False, "divide by both Frobenius norms"),
-    (C.check_k_composition, (kc_columns, "0.2 to 0.7", NB), False, "are rows of an nn.Linear weight"),
-    (C.check_k_composition, (kc_transposed, "0.2 to 0.7", NB), False, "rows and columns are swapped"),
-    (C.check_k_composition, (kc_one_number, "0.2 to 0.7", NB), False, "one score per"),
-    (C.check_k_composition, (kc_wrong, "0.2 to 0.7", NB), False, "differ from the answer by up to"),
+    (C.check_k_composition, (kc_ok, 0.18, KQV, NB), True, OK),
+    (C.check_k_composition, (kc_ok, 1 / math.sqrt(32), KQV, NB), True, "point to K-composition"),
+    (C.check_k_composition, (stub, None, None, None), None, NA),
+    (C.check_k_composition, (stub, 0.18, KQV, None), None, NA),
+    (C.check_k_composition, (kc_ok, None, KQV, NB), None, "write your predictions into baseline"),
+    (C.check_k_composition, (kc_ok, 0.18, None, NB), None, "write your predictions into baseline"),
+    (C.check_k_composition, (kc_ok, 0.25, KQV, NB), False, "your baseline uses d_head"),
+    (C.check_k_composition, (kc_ok, 1 / 32, KQV, NB), False, "the size of K squared"),
+    (C.check_k_composition, (kc_ok, 1 / 16, KQV, NB), False, "the size of a squared score"),
+    (C.check_k_composition, (kc_ok, 0.5, KQV, NB), False, "d_head / d is the share"),
+    (C.check_k_composition, (kc_ok, 0.35, KQV, NB), False, "E[(u . v)^2] = 1/n"),
+    (C.check_k_composition, (kc_ok, 0.1, KQV, NB), False, "E[(u . v)^2] = 1/n"),
+    (C.check_k_composition, (kc_ok, 1.5, KQV, NB), False, "lies between 0 and 1"),
+    (C.check_k_composition, (kc_ok, "0.18", KQV, NB), False, "baseline should be a number"),
+    (C.check_k_composition, (kc_ok, True, KQV, NB), False, "baseline should be a number"),
+    (C.check_k_composition, (kc_ok, 0.18, {**KQV, "K": "below"}, NB), False,
+     "for K is not: random level"),
+    (C.check_k_composition, (kc_ok, 0.18, {**KQV, "K": "below"}, NB), False,
+     "removed from the keys alone"),
+    (C.check_k_composition, (kc_ok, 0.18, {**KQV, "Q": "above"}, NB), False,
+     "for Q is not"),
+    (C.check_k_composition, (kc_ok, 0.18, {"K": "above", "Q": "above", "V": "above"}, NB), False,
+     "for Q and V is not"),
+    (C.check_k_composition, (kc_ok, 0.18, {**KQV, "V": "above"}, NB), False,
+     "Removed from layer 1's values"),
+    (C.check_k_composition, (kc_ok, 0.18, {**KQV, "Q": "about", "V": "about"}, NB), False,
+     "for Q and V is not"),
+    (C.check_k_composition, (kc_ok, 0.18, {**KQV, "K": "about"}, NB), False,
+     "removed from the keys alone"),
+    (C.check_k_composition, (kc_ok, 0.18, {"K": "above", "Q": "below"}, NB), False,
+     "set prediction to a dict"),
+    (C.check_k_composition, (kc_ok, 0.18, {**KQV, "K": "higher"}, NB), False,
+     "set prediction to a dict"),
+    (C.check_k_composition, (kc_ok, 0.18, "above", NB), False, "set prediction to a dict"),
+    (C.check_k_composition, (kc_ok, 0.18, KQV, NB0), False, "has not learned the task"),
+    (C.check_k_composition, (kc_no_transpose, 0.18, KQV, NB), False, "needs W_OV transposed"),
+    (C.check_k_composition, (kc_query_side, 0.18, KQV, NB), False, "you measured Q-composition"),
+    (C.check_k_composition, (kc_values, 0.18, KQV, NB), False, "you measured V-composition"),
+    (C.check_k_composition, (kc_no_norms, 0.18, KQV, NB), False, "divide by both Frobenius norms"),
+    (C.check_k_composition, (kc_columns, 0.18, KQV, NB), False, "are rows of an nn.Linear weight"),
+    (C.check_k_composition, (kc_transposed, 0.18, KQV, NB), False, "rows and columns are swapped"),
+    (C.check_k_composition, (kc_one_number, 0.18, KQV, NB), False, "one score per"),
+    (C.check_k_composition, (kc_wrong, 0.18, KQV, NB), False, "differ from the answer by up to"),
+    (C.check_k_composition, (kc_wrong, 0.25, KQV, NB), False, "differ from the answer by up to"),
     (C.check_fixed_period_shortcut, ([5, 10], sa_ok), True, "0.71 at period 5"),
     (C.check_fixed_period_shortcut, ((10, 5), sa_ok), True, OK),
     (C.check_fixed_period_shortcut, (None, stub), None, "write your prediction into works_on"),
@@ -554,15 +582,29 @@ def test_the_composition_mistakes_are_all_different_on_the_hidden_cases():
                 assert np.abs(outs[i] - outs[j]).max() > 1e-3, (answers[i].__name__, answers[j].__name__)
 
 
-def test_k_composition_on_the_notebook_model_sits_inside_its_band():
-    """The checker's verdict for 6.3 ("0.2 to 0.7"), with this file's own K scores: the
-    previous-token head (0, 0) with both layer-1 heads, well inside the band; the untrained
-    model's scores all below 0.2, and training lowers the Q scores of that head."""
+def test_k_composition_on_the_notebook_model_lies_far_from_the_random_level():
+    """The checker's verdict for 6.3 ({"K": "above", "Q": "below", "V": "below"}, outside a
+    factor 1.2 of 1/sqrt(32)), with this file's own scores: K of the previous-token head (0, 0)
+    with both layer-1 heads at least 1.4x the random level, Q and V at most half of it; the
+    untrained model's K scores within 15% of it."""
+    level = 1 / math.sqrt(32)
     trained, untrained = notebook_model(), untrained_model()
-    k = kc_ok(trained)
-    assert 0.25 < k[0].min() and k[0].max() < 0.4, k
-    assert kc_ok(untrained).max() < 0.2
-    assert kc_query_side(trained)[0].max() < kc_query_side(untrained).min()
+    assert kc_ok(trained)[0].min() > 1.4 * level
+    assert kc_query_side(trained)[0].max() < 0.5 * level
+    assert kc_values(trained)[0].max() < 0.5 * level
+    assert (kc_ok(untrained) - level).abs().max() < 0.15 * level
+
+
+def test_the_random_level_is_one_over_sqrt_d():
+    """6.3's baseline from an independent Monte Carlo: Gaussian W_Q, W_K, W_V, W_O of the
+    notebook's shapes (d = 32, d_head = 16); the mean of K^2 is exactly 1/d for such weights."""
+    g = torch.Generator().manual_seed(5)
+    Wq, Wk, Wv, Wo = (torch.randn(2000, 32, 16, generator=g, dtype=torch.float64) for _ in range(4))
+    qk, ov = Wq @ Wk.transpose(1, 2), Wv @ Wo.transpose(1, 2)  # (n, d, d)
+    k = torch.linalg.matrix_norm(qk @ ov.transpose(1, 2)) / (
+        torch.linalg.matrix_norm(qk) * torch.linalg.matrix_norm(ov))
+    assert abs(k.pow(2).mean().item() - 1 / 32) < 0.02 / 32
+    assert abs(k.mean().item() - 1 / math.sqrt(32)) < 0.01
 
 
 def test_per_position_means_are_worse_than_one_mean_on_an_independent_batch():
@@ -578,7 +620,7 @@ def test_checkers_leave_the_global_random_state_alone(capsys):
     model = notebook_model()
     torch.manual_seed(7)
     ex.check_position_mean_ablation(pma_ok, "worse", model)
-    ex.check_k_composition(kc_ok, "0.2 to 0.7", model)
+    ex.check_k_composition(kc_ok, 0.18, KQV, model)
     ex.check_fixed_period_shortcut([5, 10], sa_ok)
     capsys.readouterr()
     after_torch, after_np = torch.rand(3), np.random.random(3)  # noqa: NPY002

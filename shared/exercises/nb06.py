@@ -347,7 +347,32 @@ def _trained_notebook_model(model, exercise: str):
 # --------------------------------------------------------------------------------------------
 # 6.3 K-composition from the weights alone (predict, then measure)
 # --------------------------------------------------------------------------------------------
-_K_BANDS = (("below 0.2", 0.0, 0.2), ("0.2 to 0.7", 0.2, 0.7), ("above 0.7", 0.7, 1.0 + 1e-9))
+_K_DIRECTIONS = ("above", "about", "below")
+_K_BAND = 1.2  # "about": within a factor 1.2 of the random level
+
+
+def _check_baseline(baseline, d: int, head_dim: int) -> None:
+    """A hint for a wrong random baseline of the K score (d, head_dim: the model's shapes)."""
+    ok = 1 / math.sqrt(d)
+    if not 0 <= baseline <= 1:
+        raise _Wrong(f"baseline: a K score lies between 0 and 1; got {baseline}")
+    if 0.9 * ok <= baseline <= 1.14 * ok:
+        return
+    near = [(abs(baseline - v) <= 0.1 * v, why) for v, why in (
+        (1 / math.sqrt(head_dim), "your baseline uses d_head: the score does not depend on how "
+         "many dimensions a head has, only on the space W_QK and W_OV both act on"),
+        (1 / d, "your baseline is the size of K squared (a mean squared overlap), not of K"),
+        (1 / head_dim, "your baseline is the size of a squared score (a mean squared overlap), not "
+         "of K"),
+        (head_dim / d, "d_head / d is the share of directions one head can use, not the overlap "
+         "of two random heads"),
+    )]
+    for hit, why in near:
+        if hit:
+            raise _Wrong(why)
+    raise _Wrong(f"baseline {baseline} is off. Derive it: for a unit vector u drawn at random in "
+                 "R^n and a fixed unit vector v, E[(u . v)^2] = 1/n; K squared averages such "
+                 "squared overlaps between what W_OV writes and what W_QK reads")
 
 
 def _head_mats(model, h0: int, h1: int, variant: str = "ok"):
@@ -394,20 +419,25 @@ def _k_models():
 
 
 @_checker
-def check_k_composition(k_composition, prediction, model):
+def check_k_composition(k_composition, baseline, prediction, model):
     """``k_composition(model)`` -> ``(H, H)``: entry ``[h0, h1]`` the K-composition score of
-    layer-0 head h0 with layer-1 head h1. ``prediction``: the band (``"below 0.2"``, ``"0.2 to
-    0.7"`` or ``"above 0.7"``) of the trained model's score for the previous-token head with an
-    induction head; the checker measures only once it is filled in. ``model``: the notebook's
-    trained model."""
+    layer-0 head h0 with layer-1 head h1. ``baseline``: the score random weights give with the
+    notebook's shapes, derived first. ``prediction``: ``{"K": ..., "Q": ..., "V": ...}``, each
+    ``"above"``, ``"about"`` (within a factor 1.2) or ``"below"``: where training puts the
+    previous-token head's scores with the induction heads, relative to that baseline. The
+    checker measures only once both are filled in. ``model``: the notebook's trained model."""
     if callable(k_composition) and not _core._did_work(k_composition):
         _call(k_composition, None, name="k_composition")  # a stub
-    bands = [b[0] for b in _K_BANDS]
-    if prediction is None:
-        raise _NotAttempted("write your prediction into prediction first: the checker measures "
-                            "only once it is filled in")
-    if prediction not in bands:
-        raise _Wrong(f"set prediction to one of {bands}; got {prediction!r}")
+    if baseline is None or prediction is None:
+        raise _NotAttempted("write your predictions into baseline and prediction first: the "
+                            "checker measures only once both are filled in")
+    number = (int, float, np.floating, np.integer)
+    if isinstance(baseline, bool) or not isinstance(baseline, number):
+        raise _Wrong(f"baseline should be a number (a K score); got {baseline!r}")
+    if (not isinstance(prediction, dict) or set(prediction) != {"K", "Q", "V"}
+            or any(v not in _K_DIRECTIONS for v in prediction.values())):
+        raise _Wrong('set prediction to a dict {"K": ..., "Q": ..., "V": ...}, each "above", '
+                     f'"about" or "below"; got {prediction!r}')
     for net, heads in _k_models():
         out = _call(k_composition, net, name="k_composition")
         if isinstance(out, torch.Tensor):
@@ -445,27 +475,38 @@ def check_k_composition(k_composition, prediction, model):
         raise _Wrong(f"the scores differ from the answer by up to {_maxdiff(got, ok)} on a hidden "
                      f"model with {heads} heads per layer")
     _, prev = _trained_notebook_model(model, "k_composition")
-    k = _ref_k_composition(model)
-    q = _ref_k_composition(model, "query side")
-    v = _ref_k_composition(model, "values")
+    _check_baseline(float(baseline), model.d_model, model.head_dim)
+    random_level = 1 / math.sqrt(model.d_model)
     h0 = prev[1]
-    score = float(k[h0].min())  # the weaker of its two pairs
-    measured = next(name for name, lo, hi in _K_BANDS if lo <= score < hi)
+    scores = {"K": _ref_k_composition(model)[h0], "Q": _ref_k_composition(model, "query side")[h0],
+              "V": _ref_k_composition(model, "values")[h0]}
+    measured = {}
+    for name, s in scores.items():  # both pairs of the previous-token head lie on one side
+        measured[name] = ("above" if s.min() > _K_BAND * random_level
+                          else "below" if s.max() < random_level / _K_BAND
+                          else "about" if (s / random_level).max() < _K_BAND
+                          and (random_level / s).max() < _K_BAND else "mixed")
     from ..tiny_transformer import TinyTransformer
 
     torch.manual_seed(2)
     k_init = _ref_k_composition(TinyTransformer(_VOCAB, _T, d_model=32, num_heads=2, num_layers=2))
-    numbers = (f"the previous-token head (layer 0, head {h0}) with the layer-1 heads: K "
-               f"{k[h0, 0]:.2f} and {k[h0, 1]:.2f}, Q {q[h0, 0]:.2f} and {q[h0, 1]:.2f}, V "
-               f"{v[h0, 0]:.2f} and {v[h0, 1]:.2f}; the other layer-0 head's K "
-               f"{k[1 - h0, 0]:.2f} and {k[1 - h0, 1]:.2f}; before training every K score lies "
-               f"from {k_init.min():.2f} to {k_init.max():.2f}")
-    if prediction != measured:
-        raise _Wrong(f"your function is right, your prediction is not: {numbers}. Even the "
-                     "pair that composes (section 8's path test) stays well below 1: read the "
-                     "score against its untrained level, not against 1")
-    return (f"{numbers}. Training raised K above its untrained level and pushed Q and V below "
-            "it: the weights alone point to K-composition, as the path test of section 8 measured.")
+    numbers = (f"random level 1/sqrt({model.d_model}) = {random_level:.2f} (the untrained model's "
+               f"K scores: {k_init.min():.2f} to {k_init.max():.2f}); the previous-token head "
+               f"(layer 0, head {h0}) with the layer-1 heads: " + ", ".join(
+                   f"{n} {s[0]:.2f} and {s[1]:.2f}" for n, s in scores.items()))
+    wrong = [n for n in "KQV" if prediction[n] != measured[n]]
+    if wrong:
+        why = {"K": "Layer 1's keys read the previous-token head: removed from the keys alone it "
+                    "costs as much as ablating it (section 8's path test)",
+               "Q": "Removed from layer 1's queries, the previous-token head costs nothing "
+                    "(section 8's path test)",
+               "V": "Removed from layer 1's values, the previous-token head costs nothing "
+                    "(section 8's path test)"}
+        raise _Wrong(f"your function and baseline are right; your prediction for "
+                     f"{' and '.join(wrong)} is not: {numbers}. "
+                     + ". ".join(why[n] for n in wrong))
+    return (f"{numbers}. Training lifted K above the random level and pushed Q and V below it: "
+            "the weights alone point to K-composition, as the path test of section 8 measured.")
 
 
 # --------------------------------------------------------------------------------------------

@@ -42,6 +42,13 @@ def is_output_ignored(cell: dict) -> bool:
     return "NBVAL_IGNORE_OUTPUT" in src(cell) or "nbval-ignore-output" in tags
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_volatile_cells_are_tagged_not_commented(path):
+    """A learner reads the code, not nbval's plumbing: volatile cells carry the `nbval-ignore-output` tag."""
+    commented = [i for i, c in enumerate(code_cells(load(path))) if "NBVAL_IGNORE_OUTPUT" in src(c)]
+    assert not commented, f"code cells {commented} use the `# NBVAL_IGNORE_OUTPUT` comment: use the cell tag instead"
+
+
 def output_text(cell: dict) -> str:
     parts = []
     for out in cell.get("outputs", []):

@@ -121,7 +121,8 @@ def check_ntk_prediction(my_slowdown):
 def check_ntk_base(ntk_base):
     """``ntk_base(base, head_dim, scale)`` -> the new base ``b'`` for which pair 0 keeps its
     angle per position (1 radian, for any base) and the slowest pair, ``i = head_dim/2 - 1``,
-    turns exactly ``scale`` times slower: ``b' = base * scale ** (head_dim / (head_dim - 2))``."""
+    turns exactly ``scale`` times slower."""
+    # the answer: b' = base * scale ** (head_dim / (head_dim - 2))
     cases = ((10_000.0, 64, 4.0), (10_000.0, 128, 8.0), (500_000.0, 128, 2.0), (10_000.0, 8, 4.0),
              (100.0, 16, 3.0))
     for base, d, s in cases:
@@ -160,19 +161,19 @@ def check_ntk_base(ntk_base):
 
 
 NTK_OUTCOME_KEYS = ("more accurate than plain RoPE",
-                    "more accurate than pair 1 slowed 4x on queries 1 .. 20",
+                    "more accurate than pair 1 slowed 4x on queries 1 .. 19",
                     "head beats pair 1 slowed 4x")
 _NTK_OUTCOME_HINTS = {
     "more accurate than plain RoPE": "plain RoPE slipped because pair 1 left its trained range "
                                      "(section 9); which pair does the NTK base leave alone, and "
                                      "which does it slow?",
-    "more accurate than pair 1 slowed 4x on queries 1 .. 20": "within the training length the "
+    "more accurate than pair 1 slowed 4x on queries 1 .. 19": "within the training length the "
         "model works with the angles it was trained on; section 9 found that slowing pair 1 4x "
-        "changes them there too. Which pairs does the NTK base change at distances up to 20, and "
+        "changes them there too. Which pairs does the NTK base change at distances up to 19, and "
         "by how much, next to pair 1 slowed 4x?",
     "head beats pair 1 slowed 4x": "compare pair 1's slowdown in your my_slowdown with section "
                                    "9's 4x: up to which distance does each keep pair 1 within the "
-                                   "2 radians training reached?",
+                                   "1.9 radians training reached?",
 }
 
 
@@ -228,8 +229,8 @@ def _logits_with_theta(model, tokens: torch.Tensor, theta: torch.Tensor) -> torc
 def _measure_ntk_outcome(model, tokens: torch.Tensor) -> dict:
     """On a copy of the notebook's RoPE model, at the test length ``T`` (4x the training length):
     accuracy on repeated tokens with plain RoPE and the NTK-aware base; accuracy on the queries
-    1 .. T/4 - 1 (the training length) with the NTK base and with only pair 1 slowed 4x; and the
-    previous-token head's weight on key i - 1 over the queries ``T/2 .. T - 1``
+    1 .. T/4 - 2 (the ones training scored) with the NTK base and with only pair 1 slowed 4x; and
+    the previous-token head's weight on key i - 1 over the queries ``T/2 .. T - 1``
     with the NTK base and with only pair 1 slowed 4x (frequencies otherwise as trained)."""
     import copy
 
@@ -240,7 +241,9 @@ def _measure_ntk_outcome(model, tokens: torch.Tensor) -> dict:
     m = copy.deepcopy(model).eval()
     repeat = seen_before(tokens)[:, :-1]
 
-    trained = int(T / NTK_SCALE)  # the training length: the head is picked within it
+    # training at T/4 tokens scores queries 0 .. T/4 - 2 (the last query has no next token), so
+    # positions 0 .. T/4 - 2 and distances up to T/4 - 2 are all it trained: pick the head there
+    trained = int(T / NTK_SCALE) - 1
 
     def accuracy(logits, queries=slice(None)):
         correct = (logits[:, :-1].argmax(dim=-1) == tokens[:, 1:]) & repeat
@@ -255,7 +258,7 @@ def _measure_ntk_outcome(model, tokens: torch.Tensor) -> dict:
         plain_logits = m(tokens)
         m.rope_base = ntk
         ntk_logits = m(tokens)
-    early = slice(1, trained)  # queries 1 .. 20: the training length
+    early = slice(1, trained)  # queries 1 .. 19: the ones training scored
     acc = {"plain": accuracy(plain_logits), "ntk": accuracy(ntk_logits),
            "ntk_early": accuracy(ntk_logits, early),
            "slowed_early": accuracy(_logits_with_theta(m, tokens, slowed), early)}
@@ -289,7 +292,7 @@ def _true_or_false_each(answer, name: str, keys: tuple, what: str) -> None:
 @_checker
 def check_ntk_outcome(my_outcome, model, tokens):
     """``my_outcome``: ``{"more accurate than plain RoPE": bool, "more accurate than pair 1 slowed
-    4x on queries 1 .. 20": bool, "head beats pair 1 slowed 4x": bool}`` about the NTK-aware base
+    4x on queries 1 .. 19": bool, "head beats pair 1 slowed 4x": bool}`` about the NTK-aware base
     (scale 4) on ``model``, the notebook's RoPE ``TinyTransformer``, tested on ``tokens``
     ``(B, T)`` at 4x its training length. The checker measures the three itself on a copy of the
     model, and only once all three guesses are filled in."""
@@ -309,7 +312,7 @@ def check_ntk_outcome(my_outcome, model, tokens):
              "head beats pair 1 slowed 4x": r["ntk_head"] > r["slowed_head"]}
     T = tokens.shape[1]
     shown = (f"measured at T = {T}: accuracy {acc['ntk']:.2f} with the NTK base, "
-             f"{acc['plain']:.2f} plain; on queries 1 .. {T // 4 - 1} {acc['ntk_early']:.2f} with "
+             f"{acc['plain']:.2f} plain; on queries 1 .. {T // 4 - 2} {acc['ntk_early']:.2f} with "
              f"the NTK base, {acc['slowed_early']:.2f} with pair 1 slowed 4x; the "
              f"previous-token head puts {r['ntk_head']:.2f} on key i - 1 (queries {r['late']} .. "
              f"{T - 1}) with the NTK base, {r['slowed_head']:.2f} with pair 1 slowed 4x")
@@ -482,7 +485,8 @@ def _slowed_pair_hint(pair: int, far: tuple[int, int], theta: torch.Tensor, trai
 
 
 def _measure_slowed_pairs(model, tokens: torch.Tensor) -> tuple[int, dict, tuple[int, int]]:
-    """Layer 0's previous-token head (picked within the training length, T/4), recomputed with
+    """Layer 0's previous-token head (picked within the positions training scored, 0 .. T/4 - 2),
+    recomputed with
     pair 1, 2 or 3 slowed 4x: its mean weight on key i - 1 over the queries T/2 .. T - 1; and,
     as trained, the lowest and highest of the four distances it weights most there."""
     from shared.positional import rope_frequencies
@@ -490,7 +494,7 @@ def _measure_slowed_pairs(model, tokens: torch.Tensor) -> tuple[int, dict, tuple
 
     T = tokens.shape[1]
     theta = rope_frequencies(model.head_dim)
-    trained = int(T / NTK_SCALE)
+    trained = int(T / NTK_SCALE) - 1  # positions 0 .. T/4 - 2: training never scores its last query
     head = int(previous_token_score(_layer0_weights(model, tokens[:, :trained], theta))
                .mean(dim=0).argmax())
     late, on_previous = T // 2, {}
@@ -535,7 +539,7 @@ def check_slowed_pair_prediction(my_pair, model, tokens):
     if int(my_pair) != best:
         raise _Wrong(f"{shown}. Pair {int(my_pair)} is not the one: "
                      + _slowed_pair_hint(int(my_pair), far, rope_frequencies(model.head_dim),
-                                         T // 4 - 1))
+                                         T // 4 - 2))
     return f"{shown}. The next cells measure the accuracy too."
 
 
@@ -724,9 +728,9 @@ def check_catches_bug(catches_bug):
     half-split RoPE (pair i = features ``(i, i + d/2)`` turned by ``positions[t] * base **
     (-2i/d)``), False when it is. Run on a hidden bank of correct implementations (written in
     other ways: three in float64, agreeing to about 1e-16, and one in float32, about 1e-7 off)
-    and of near misses (rope_buggy's mixed pairing, interleaved pairs, the other direction,
-    reversed or wrong frequencies, shifted or ignored positions, an ignored base). It may not
-    call ``apply_rope`` or the notebook's RoPE functions."""
+    and of near misses. It may not call ``apply_rope`` or the notebook's RoPE functions."""
+    # the near misses: rope_buggy's mixed pairing, interleaved pairs, the other direction,
+    # reversed or wrong frequencies, shifted or ignored positions, an ignored base
     fn = getattr(catches_bug, "__code__", None)
     used = sorted(_names_used(fn) & set(_COURSE_ROPES)) if fn is not None else []
     if used:
@@ -809,8 +813,9 @@ def check_to_half_split(to_half_split):
     head_dim)`` fused weight (``query_key_value.weight.T``) of a model trained with interleaved
     RoPE, laid out like GPT-NeoX's: head ``h`` owns columns ``h*3*head_dim:(h+1)*3*head_dim``,
     its query first, then its key, then its value (``head_dim`` each) -> a reordered copy for
-    which half-split RoPE gives the same scores and the same values: the order ``[0, 2, 4, ...,
-    1, 3, 5, ...]`` inside every query block and every key block, value blocks untouched."""
+    which half-split RoPE gives the same scores and the same values."""
+    # the answer: the order [0, 2, 4, ..., 1, 3, 5, ...] inside every query block and every key
+    # block, value blocks untouched
     rng = np.random.default_rng(703)
     worst = 0.0
     for d_in, H, hd in ((24, 2, 4), (5, 3, 6), (4, 2, 8), (6, 1, 4)):

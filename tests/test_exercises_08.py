@@ -358,6 +358,8 @@ LINES = ["positions = torch.arange(T_new)  # the new tokens, numbered within thi
          "    K = K_cache.repeat(1, H // H_kv, 1, 1)  # one key head per query head",
          "context = F.scaled_dot_product_attention(Q, K, V, is_causal=T_new > 1)"]
 PREDICTED = [("decode", "decode", "chunk"), ("prefill", "never", "prefill"), ("never", "never", "chunk")]
+RUN_KEYS = ("H_kv=2", "H_kv=1", "chunk")  # the notebook's keys, in the order of the triples
+PREDICTED_DICTS = [dict(zip(RUN_KEYS, p, strict=True)) for p in PREDICTED]
 Q_LINE = "Q = apply_rope(layer.q_proj(x).view(B, T_new, H, d).transpose(1, 2), positions, layer.rope_base)"
 K_LINE = "k = apply_rope(layer.k_proj(x).view(B, T_new, H_kv, d).transpose(1, 2), T + positions,"
 
@@ -367,7 +369,13 @@ NA, OK = "not attempted yet", "correct!"
 CHECKERS = list(nb08.__all__)
 C = ex
 CASES = [
-    (C.check_llama_step_prediction, (LINES, PREDICTED), True, "1 < H_kv < H"),
+    (C.check_llama_step_prediction, (LINES, PREDICTED_DICTS), True, "1 < H_kv < H"),
+    (C.check_llama_step_prediction, (LINES, PREDICTED), True, "'chunk': 'prefill'"),  # triples still work
+    (C.check_llama_step_prediction, (LINES, [{**PREDICTED_DICTS[0], "chunk": "decode"}, *PREDICTED_DICTS[1:]]), False,
+     "first_wrong[0]['chunk'] is off"),
+    (C.check_llama_step_prediction, (LINES, [{"H_kv=2": "decode", "H_kv=1": "decode"}, *PREDICTED_DICTS[1:]]), False,
+     "must have the keys"),
+    (C.check_llama_step_prediction, (LINES, PREDICTED_DICTS[0]), False, "must be a list of 3 dicts"),
     (C.check_llama_step_prediction, (LINES[::-1], PREDICTED[::-1]), True, OK),  # any order
     (C.check_llama_step_prediction, ([Q_LINE, *LINES[1:]], PREDICTED), True, OK),  # the Q line shows the bug too
     (C.check_llama_step_prediction, ([LINES[0], "V = V_cache.repeat(1, H // H_kv, 1, 1)", LINES[2]], PREDICTED), True, OK),
@@ -388,16 +396,16 @@ CASES = [
     (C.check_llama_step_prediction, ([*LINES, Q_LINE], [*PREDICTED, ("decode", "decode", "chunk")]), False, "are one bug"),
     (C.check_llama_step_prediction, ([LINES[0], 3, LINES[2]], PREDICTED), False, "as a string"),
     (C.check_llama_step_prediction, (LINES, None), None, "every bug found"),
-    (C.check_llama_step_prediction, (LINES, PREDICTED[:2]), False, "must be a list of 3 triples"),
+    (C.check_llama_step_prediction, (LINES, PREDICTED[:2]), False, "must be a list of 3 dicts"),
     (C.check_llama_step_prediction, (LINES, [("decode", "decode"), "prefill", ("never", "never")]), False,
-     "must be a list of 3 triples"),
+     "first_wrong[0] must be a dict"),
     (C.check_llama_step_prediction, (LINES, [PREDICTED[0], PREDICTED[1], ("decode", "never", "chunk")]), False,
      "a step of one query"),
     (C.check_llama_step_prediction, (LINES, [PREDICTED[0], PREDICTED[1], ("prefill", "never", "chunk")]), False, "(T_q = T_k)"),
     (C.check_llama_step_prediction, (LINES, [PREDICTED[0], PREDICTED[1], ("never", "never", "never")]), False,
      "a chunk of 2 after it (T_q < T_k)"),
     (C.check_llama_step_prediction, (LINES, [("decode", "decode", "decode"), *PREDICTED[1:]]), False,
-     "first_wrong[0] for H_kv = 2 with a chunk is off"),
+     "first_wrong[0]['chunk'] is off"),
     (C.check_llama_step_prediction, (LINES, [PREDICTED[0], ("prefill", "never", "never"), PREDICTED[2]]), False,
      "section 4's diagram"),
     (C.check_llama_step_prediction, (LINES, [("chunk", "decode", "chunk"), *PREDICTED[1:]]), False,
@@ -408,7 +416,7 @@ CASES = [
     (C.check_llama_step_prediction, (LINES, [("prefill", "prefill", "chunk"), *PREDICTED[1:]]), False,
      "the distance between the positions"),
     (C.check_llama_step_prediction, (LINES, [("never", "decode", "chunk"), *PREDICTED[1:]]), False,
-     "first_wrong[0] for H_kv = 2 is off"),
+     "first_wrong[0]['H_kv=2'] is off"),
     (C.check_llama_step_prediction, (LINES, [("decode", "first", "chunk"), *PREDICTED[1:]]), False, "got 'first'"),
     (C.check_llama_step_fix, (step_ok,), True, "3 decode steps equal the layer"),
     (C.check_llama_step_fix, (step_list,), True, OK),
@@ -561,9 +569,9 @@ def test_ceiling_prediction_hides_the_answer_when_wrong(capsys):
         echoed = {f"{v:{fmt}}" for v in (once, repeat) for fmt in (".3g", ".1f")}
         banned = {"32.0", "31.9", "7.99", "8.0"} - echoed
         assert not any(v in out for v in banned), out
-    ex.check_llama_step_prediction(LINES, [PREDICTED[0], ("decode", "never", "prefill"), PREDICTED[2]])
+    ex.check_llama_step_prediction(LINES, [PREDICTED_DICTS[0], {**PREDICTED_DICTS[1], "H_kv=2": "decode"}, PREDICTED_DICTS[2]])
     out = capsys.readouterr().out
-    assert "first_wrong[1] for H_kv = 2" in out and "first_wrong[2]" not in out and "measured" not in out, out
+    assert "first_wrong[1]['H_kv=2']" in out and "first_wrong[2]" not in out and "measured" not in out, out
     # before every line is found, nothing names a bug or says how many there are
     for lines in (None, LINES[1:], [LINES[0]], [*LINES[:2], "x = 1"], [K_LINE]):
         ex.check_llama_step_prediction(lines, PREDICTED)

@@ -147,7 +147,8 @@ _FIXES = ("repeat_interleave", "repeat_kv", "enable_gqa", "causal_mask", "attn_m
 _PREDICT_CHOICES = ("prefill", "chunk", "decode", "never")
 # the three runs of the prediction: (H_kv, a chunk of 2 after the prefill?), named as in the hints
 _PREDICT_RUNS = ((2, False), (1, False), (2, True))
-_RUN_NAMES = ("H_kv = 2", "H_kv = 1", "H_kv = 2 with a chunk")
+_RUN_KEYS = ("H_kv=2", "H_kv=1", "chunk")  # the keys of each prediction, in _PREDICT_RUNS' order
+_RUN_TEMPLATE = "{" + ", ".join(f"{key!r}: ..." for key in _RUN_KEYS) + "}"
 _MASK_HINT = ("compare which keys is_causal=True lets each query see with the bottom-right mask of "
               "section 2, in the two kinds of pass of this run: a prefill from an empty cache "
               "(T_q = T_k) and a step of one query; the mask does not depend on the key/value "
@@ -235,42 +236,51 @@ def _first_wrong_pass(bug: dict, H_kv: int, chunk: bool = False, H: int = 8) -> 
 @_checker
 def check_llama_step_prediction(bug_lines, first_wrong):
     """``bug_lines``: a list of the buggy lines of ``buggy_llama_step``, pasted as strings, one per
-    bug, in any order. ``first_wrong``: one triple per line, in the same order: for that bug alone
-    (H = 8 query heads), in three runs: a prefill of 4 tokens then 3 decode steps with H_kv = 2 and
-    with H_kv = 1, and a prefill of 4, a chunk of 2 and a decode step with H_kv = 2:
-    ``"prefill"``, ``"chunk"``, ``"decode"`` or ``"never"``, the first pass whose outputs differ
-    from the layer on the whole sequence. The lines are checked first; the checker
-    measures the passes itself, once every guess is in."""
+    bug, in any order. ``first_wrong``: one dict per line, in the same order, keyed by run:
+    ``"H_kv=2"`` (a prefill of 4 tokens then 3 decode steps, H_kv = 2), ``"H_kv=1"`` (the same with
+    H_kv = 1) and ``"chunk"`` (a prefill of 4, a chunk of 2 and a decode step, H_kv = 2), H = 8
+    query heads; each value ``"prefill"``, ``"chunk"``, ``"decode"`` or ``"never"``: the first pass
+    whose outputs, for that bug alone, differ from the layer on the whole sequence. A triple in the
+    order of the keys is accepted too. The lines are checked first; the checker measures the
+    passes itself, once every guess is in."""
     kinds = _check_bug_lines(bug_lines)
     if first_wrong is None:
-        raise _NotAttempted("every bug found; now write, for each line of bug_lines, a triple "
-                            "(H_kv = 2, H_kv = 1, H_kv = 2 with a chunk) of \"prefill\", "
-                            "\"chunk\", \"decode\" or \"never\" into first_wrong; the checker "
-                            "measures it, and shows the measurement once all are right")
-    if (isinstance(first_wrong, str) or not isinstance(first_wrong, (list, tuple))
-            or len(first_wrong) != len(kinds)
-            or any(isinstance(p, str) or not isinstance(p, (list, tuple)) or len(p) != 3
-                   for p in first_wrong)):
-        raise _Wrong(f"first_wrong must be a list of {len(kinds)} triples, one per line of "
-                     "bug_lines in the same order, each (guess for H_kv = 2, for H_kv = 1, for "
-                     f"H_kv = 2 with a chunk); got {first_wrong!r}")
+        raise _NotAttempted("every bug found; now write, for each line of bug_lines, a dict "
+                            + _RUN_TEMPLATE + " of \"prefill\", \"chunk\", \"decode\" or "
+                            "\"never\" into first_wrong; the checker measures it, and shows the "
+                            "measurement once all are right")
+    if (isinstance(first_wrong, (str, dict)) or not isinstance(first_wrong, (list, tuple))
+            or len(first_wrong) != len(kinds)):
+        raise _Wrong(f"first_wrong must be a list of {len(kinds)} dicts, one per line of "
+                     f"bug_lines in the same order, each {_RUN_TEMPLATE}; got {first_wrong!r}")
+    triples = []
+    for i, p in enumerate(first_wrong):
+        if isinstance(p, dict):
+            if set(p) != set(_RUN_KEYS):
+                keys = ", ".join(map(repr, _RUN_KEYS))
+                raise _Wrong(f"first_wrong[{i}] must have the keys {keys}; "
+                             f"got {sorted(p, key=str)!r}")
+            p = tuple(p[key] for key in _RUN_KEYS)
+        elif isinstance(p, str) or not isinstance(p, (list, tuple)) or len(p) != 3:
+            raise _Wrong(f"first_wrong[{i}] must be a dict {_RUN_TEMPLATE}; got {p!r}")
+        triples.append(p)
+    first_wrong = triples
     for i, triple in enumerate(first_wrong):
-        for (_, chunk), name, guess in zip(_PREDICT_RUNS, _RUN_NAMES, triple, strict=True):
+        for (_, chunk), key, guess in zip(_PREDICT_RUNS, _RUN_KEYS, triple, strict=True):
             if guess not in _PREDICT_CHOICES:
                 raise _Wrong(f"write \"prefill\", \"chunk\", \"decode\" or \"never\" in "
-                             f"first_wrong[{i}]; got {guess!r}")
+                             f"first_wrong[{i}][{key!r}]; got {guess!r}")
             if guess == "chunk" and not chunk:
-                raise _Wrong(f"first_wrong[{i}] for {name}: this run has no chunk, only a prefill "
+                raise _Wrong(f"first_wrong[{i}][{key!r}]: this run has no chunk, only a prefill "
                              "and decode steps")
     off, hints, shown = [], [], []
     for i, (kind, triple) in enumerate(zip(kinds, first_wrong, strict=True)):
         measured = [_first_wrong_pass(_BUGS[kind], H_kv, chunk) for H_kv, chunk in _PREDICT_RUNS]
-        shown.append(f"bug_lines[{i}]: " + ", ".join(f"{m} ({name})" for m, name in
-                                                      zip(measured, _RUN_NAMES, strict=True)))
-        for (H_kv, chunk), name, guess, m in zip(_PREDICT_RUNS, _RUN_NAMES, triple, measured,
-                                                 strict=True):
+        shown.append(f"bug_lines[{i}]: {dict(zip(_RUN_KEYS, measured, strict=True))}")
+        for (H_kv, chunk), key, guess, m in zip(_PREDICT_RUNS, _RUN_KEYS, triple, measured,
+                                                strict=True):
             if guess != m:  # name only the wrong guesses and why, not the measured answers
-                off.append(f"first_wrong[{i}] for {name}")
+                off.append(f"first_wrong[{i}][{key!r}]")
                 hints.append(_PREDICT_HINTS[(kind, "chunk" if chunk else H_kv)])
     if off:
         raise _Wrong(f"the lines are right; your guess{'es' if len(off) > 1 else ''} "

@@ -2,12 +2,13 @@
 
 5.1 predict what a subtly buggy timing loop reports, then fix it (judged from simulated
 GPUs' event logs, ``shared.benchmark.SimulatedGPU``, section 3's and hidden speeds); 5.2 merge
-two partial online-softmax states (split-K, as Flash-Decoding does); 5.3 predict naive attention's forward + backward peak, in score matrices,
-with the ``nan_to_num`` guard's backward temporaries (the notebook then measures it), and the bytes
-its graph saves; 5.4 predict how FlashAttention's blocks change from float16 to float32, the block
-sizes from an SRAM budget, and the largest head size whose tiles, score tile included, fit; 5.5
-predict how halving the tile loop's block changes its operations and its memory, then choose the
-block of least overhead within a memory budget.
+two partial online-softmax states (split-K, as Flash-Decoding does); 5.3 predict naive
+attention's forward + backward peak, in score matrices, with the ``nan_to_num`` guard's backward
+temporaries (the notebook then measures it), and the bytes its graph saves; 5.4 predict how
+FlashAttention's blocks change from float16 to float32, the block sizes from an SRAM budget, and
+the largest head size whose tiles, score tile included, fit; 5.5 predict how halving the tile
+loop's block changes its operations and its memory, then choose the block of least overhead
+within a memory budget.
 
 References are computed before the learner's code runs; answers computed in float32 are accepted
 (float32 tolerances); numbers must be numbers (text that reads as one is rejected).

@@ -561,7 +561,8 @@ def plot_online_softmax(scores, trace):
     ``scores``: ``(n,)`` the scores of one query row. ``trace``: one tuple per chunk,
     ``(first key, last key, running max m, alpha, old l, alpha * old l, the chunk's own sum)``.
     Left: the scores and the running max per chunk. Right: per chunk, the old sum before
-    rescaling (outlined) beside alpha times it, with the chunk's own sum stacked on top."""
+    rescaling (outlined) beside alpha times it, with the chunk's own sum stacked on top (labelled
+    "≈ 0" where too thin to see)."""
     scores = _to_numpy("scores", scores).reshape(-1)
     trace = [tuple(row) for row in trace]
     if not trace or any(len(row) != 7 for row in trace):
@@ -593,6 +594,11 @@ def plot_online_softmax(scores, trace):
                       (k + 0.2, old + new), xytext=(0, 3), textcoords="offset points",
                       ha="center", fontsize=8)
     top = max(max(before), *(b + a for b, a in zip(kept, added, strict=True)))
+    for k in range(1, len(trace)):  # a chunk's own part too thin to see: say so
+        if added[k] < 0.01 * top:
+            ax_l.annotate("own\n" r"$\approx 0$", (k + 0.2, kept[k] + added[k]), xytext=(0, -4),
+                          textcoords="offset points", ha="center", va="top", fontsize=8,
+                          color="white")
     if len(trace) > 1:
         ax_l.annotate(rf"old $\ell \times \alpha$ = {kept[1]:.4f}", (1.2, kept[1]),
                       xytext=(1.45, 1.55 * top), fontsize=8,

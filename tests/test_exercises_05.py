@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from shared import exercises as ex
+from shared.benchmark import SimulatedGPU
 from shared.exercises import nb05
 
 
@@ -124,15 +125,42 @@ def time_perf_counter(f, sync, clock=time.perf_counter, warmup=3, repeats=10):
 
 
 def time_buggy_as_shown(f, sync, clock=time.perf_counter, warmup=3, repeats=10):
-    # the notebook's buggy loop, unchanged: warm-up inside the timing, no synchronisation
-    start = clock()
-    for _ in range(warmup + repeats):
+    # the notebook's buggy loop, unchanged: clock started before sync(), divided by all calls
+    calls = warmup + repeats
+    for i in range(calls):
+        if i == warmup:
+            start = clock()
+            sync()
         f()
+    sync()
+    return (clock() - start) / calls
+
+
+def time_sync_order_fixed_only(f, sync, clock=time.perf_counter, warmup=3, repeats=10):
+    # sync() moved before the first reading; still divided by all 13 calls
+    calls = warmup + repeats
+    for i in range(calls):
+        if i == warmup:
+            sync()
+            start = clock()
+        f()
+    sync()
+    return (clock() - start) / calls
+
+
+def time_divisor_fixed_only(f, sync, clock=time.perf_counter, warmup=3, repeats=10):
+    # divided by the timed calls; the clock still starts before sync()
+    for i in range(warmup + repeats):
+        if i == warmup:
+            start = clock()
+            sync()
+        f()
+    sync()
     return (clock() - start) / repeats
 
 
 def time_sync_but_warmup_timed(f, sync, clock=time.perf_counter, warmup=3, repeats=10):
-    # fixed the synchronisation only: the slow first call is still inside the timing
+    # the slow first call inside the timing
     sync()
     start = clock()
     for _ in range(warmup + repeats):
@@ -443,33 +471,36 @@ NA, OK = "not attempted yet", "correct!"
 C = ex
 CASES = [
     # 5.1 the prediction (13 launches of 5 us, divided by 10)
-    (C.check_buggy_timing_prediction, 0.0065, True, "13 launches"),
-    (C.check_buggy_timing_prediction, 0.0064, True, OK),
+    # (50 + 2 + 2 + 10 * 2 ms, less the 15 us of warm-up launches, plus one 5 us launch) / 13
+    (C.check_buggy_timing_prediction, (74.010 - 0.015) / 13, True, "divides by all 13 calls"),
+    (C.check_buggy_timing_prediction, 5.69, True, OK),
+    (C.check_buggy_timing_prediction, 74 / 13, True, OK),
     (C.check_buggy_timing_prediction, None, None, NA),
-    (C.check_buggy_timing_prediction, 2, False, "never reaches the clock"),
-    (C.check_buggy_timing_prediction, 6.5, False, "microseconds"),
-    (C.check_buggy_timing_prediction, 6.51, False, "microseconds"),
-    (C.check_buggy_timing_prediction, 6.8, False, "slow first call"),  # (50 + 9 * 2) / 10: no warm-up
-    (C.check_buggy_timing_prediction, 6.801, False, "slow first call"),  # section 3's printed line
-    (C.check_buggy_timing_prediction, 7.4, False, "slow first call"),  # (50 + 12 * 2) / 10
-    (C.check_buggy_timing_prediction, 74 / 13, False, "slow first call"),
-    (C.check_buggy_timing_prediction, 0.005, False, "what it divides by"),
-    (C.check_buggy_timing_prediction, 0.05, False, "count the launches"),
-    (C.check_buggy_timing_prediction, "0.0065", False, "not a string"),
-    # 5.1 the fix
+    (C.check_buggy_timing_prediction, 2, False, "what a correct loop reports"),
+    (C.check_buggy_timing_prediction, 20 / 13, False, "only the ten timed kernels"),  # bug 2 seen, not bug 1
+    (C.check_buggy_timing_prediction, 7.4, False, "check what the loop divides"),  # bug 1 seen, not bug 2
+    (C.check_buggy_timing_prediction, 5692, False, "microseconds"),
+    (C.check_buggy_timing_prediction, 0.00569, False, "in seconds"),
+    (C.check_buggy_timing_prediction, 0.005, False, "does reach the clock"),  # launches only
+    (C.check_buggy_timing_prediction, 0.0065, False, "does reach the clock"),
+    (C.check_buggy_timing_prediction, 6.8, False, "follow the simulated clock"),  # section 3's no-warm-up line
+    (C.check_buggy_timing_prediction, "5.69", False, "not a string"),
+    # 5.1(b): section 3's GPU, then hidden random speeds
     (C.check_time_call, time_ok, True, "2.00 ms per call"),
     (C.check_time_call, time_median_per_call, True, OK),
     (C.check_time_call, stub, None, NA),
     (C.check_time_call, stub_raises, None, NA),
-    (C.check_time_call, time_buggy_as_shown, False, "warm-up"),
-    (C.check_time_call, time_sync_but_warmup_timed, False, "warm-up"),
-    (C.check_time_call, time_no_sync, False, "asynchronously"),
-    (C.check_time_call, time_no_sync_at_end_many_calls, False, "sync() right before reading the clock at the end"),
-    (C.check_time_call, time_no_warmup, False, "warm-up"),
-    (C.check_time_call, time_no_warmup_many_calls, False, "warm-up"),
-    (C.check_time_call, time_no_sync_before_start, False, "before starting the clock"),
+    (C.check_time_call, time_buggy_as_shown, False, "warm-up kernels were still running at your first clock reading"),
+    (C.check_time_call, time_divisor_fixed_only, False, "warm-up kernels were still running at your first clock reading"),
+    (C.check_time_call, time_sync_order_fixed_only, False, "divided by 13 calls, but only 10 ran between them"),
+    (C.check_time_call, time_sync_but_warmup_timed, False, "slow first call"),
+    (C.check_time_call, time_no_sync, False, "never waited for the GPU"),
+    (C.check_time_call, time_no_sync_at_end_many_calls, False, "still running at your last clock reading"),
+    (C.check_time_call, time_no_warmup, False, "slow first call"),
+    (C.check_time_call, time_no_warmup_many_calls, False, "slow first call"),
+    (C.check_time_call, time_no_sync_before_start, False, "warm-up kernels were still running at your first"),
     (C.check_time_call, time_one_call, False, "several calls"),
-    (C.check_time_call, time_total, False, "divide by the number of timed calls"),
+    (C.check_time_call, time_total, False, "the time of all 10 timed calls"),
     (C.check_time_call, time_milliseconds, False, "not milliseconds"),
     (C.check_time_call, time_text, False, "not a string"),
     (C.check_time_call, time_hard_coded, False, "not a fixed number"),
@@ -593,6 +624,38 @@ def test_checker(capsys, checker, answer, expected, phrase):
     assert phrase in out, out
     prefix = {True: "correct!", False: "not quite:", None: "not attempted yet"}[expected]
     assert out.startswith(prefix), out
+
+
+def _notebook_buggy_loop():
+    """``time_call_buggy`` as the notebook and its solutions define it (the same source in both)."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "notebooks"
+    sources = []
+    for path in (root / "05_attention_on_the_gpu.ipynb", root / "solutions" / "05_attention_on_the_gpu_solutions.ipynb"):
+        cells = ["".join(c["source"]) for c in json.loads(path.read_text(encoding="utf-8"))["cells"] if c["cell_type"] == "code"]
+        cell = next(c for c in cells if "def time_call_buggy" in c)
+        start = cell.index("def time_call_buggy")
+        sources.append(cell[start:cell.index("\n\n\n", start)])
+    assert sources[0] == sources[1]
+    namespace = {"time": time}
+    exec(sources[0], namespace)
+    return namespace["time_call_buggy"]
+
+
+def test_buggy_loop_report_matches_the_notebook_and_a_hand_count():
+    """The checker's model of the loop reports what the notebook's loop reports, and that is the
+    hand count: clock started at 15 us, kernels end at 54.005 + 0.005 + 10 * 2 ms, over 13 calls."""
+    gpu = SimulatedGPU(kernel_s=2e-3, first_s=50e-3, launch_s=5e-6)
+    report_ms = 1e3 * _notebook_buggy_loop()(gpu.launch, gpu.synchronize, gpu.clock)
+    assert math.isclose(report_ms, (74.010 - 0.015) / 13, rel_tol=1e-12)
+    assert math.isclose(nb05._buggy_loop_ms(), report_ms, rel_tol=1e-12)
+
+
+def test_time_call_hidden_cases_differ():
+    cases = nb05._time_call_cases()
+    assert cases[0] == (2e-3, 50e-3, 5e-6) and len({c[0] for c in cases}) == len(cases) >= 3
 
 
 def test_every_checker_is_covered():

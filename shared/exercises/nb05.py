@@ -1,13 +1,14 @@
 """Exercise checkers for notebook 05 Attention on the GPU (PyTorch).
 
-5.1 predict what a buggy timing loop reports, then fix it (judged from a simulated GPU's event
-log, ``shared.benchmark.SimulatedGPU``); 5.2 merge two partial online-softmax states (split-K, as
-Flash-Decoding does); 5.3 predict naive attention's forward + backward peak, in score matrices,
-with the ``nan_to_num`` guard's backward temporaries (the notebook then measures it), and the bytes
-its graph saves; 5.4 predict how FlashAttention's blocks change from float16 to float32, the block
-sizes from an SRAM budget, and the largest head size whose tiles, score tile included, fit; 5.5
-predict how halving the tile loop's block changes its operations and its memory, then choose the
-block of least overhead within a memory budget.
+5.1 predict what a subtly buggy timing loop reports, then fix it (judged from simulated
+GPUs' event logs, ``shared.benchmark.SimulatedGPU``, section 3's and hidden speeds); 5.2 merge
+two partial online-softmax states (split-K, as Flash-Decoding does); 5.3 predict naive
+attention's forward + backward peak, in score matrices, with the ``nan_to_num`` guard's backward
+temporaries (the notebook then measures it), and the bytes its graph saves; 5.4 predict how
+FlashAttention's blocks change from float16 to float32, the block sizes from an SRAM budget, and
+the largest head size whose tiles, score tile included, fit; 5.5 predict how halving the tile
+loop's block changes its operations and its memory, then choose the block of least overhead
+within a memory budget.
 
 References are computed before the learner's code runs; answers computed in float32 are accepted
 (float32 tolerances); numbers must be numbers (text that reads as one is rejected).
@@ -75,9 +76,10 @@ def _number(ans, what: str) -> float:
 # --------------------------------------------------------------------------------------------
 # 5.1 Time a call correctly: the procedure, read from the simulated GPU's event log
 # --------------------------------------------------------------------------------------------
-def _timing_procedure(gpu: SimulatedGPU) -> int:
+def _timing_procedure(gpu: SimulatedGPU) -> tuple[int, float]:
     """Raise ``_Wrong`` unless the log shows warm-up, a sync before the clock starts, several
-    timed calls and a sync before the clock is read again; return the number of timed calls."""
+    timed calls and a sync before the clock is read again; return the number of timed calls
+    and the time between the first and the last clock reading. Hints name the symptom."""
     log = gpu.log
     reads = [i for i, e in enumerate(log) if e[0] == "clock"]
     launches = [i for i, e in enumerate(log) if e[0] == "launch"]
@@ -91,39 +93,39 @@ def _timing_procedure(gpu: SimulatedGPU) -> int:
         raise _Wrong("read the clock twice, once before and once after the timed calls")
     first, last = reads[0], reads[-1]
     if not any(i < first for i in launches):
-        raise _Wrong("the first call is slow (memory allocation, kernel selection, caches): make "
-                     "a few untimed warm-up calls before starting the clock")
+        raise _Wrong("the slow first call (allocation, kernel selection) fell inside your timing: "
+                     "no call of f ran before your first clock reading")
     timed = sum(first < i < last for i in launches)
     if timed == 0:
-        raise _Wrong("call f() between the two clock readings: nothing was timed")
-    syncs = [i for i, e in enumerate(log) if e[0] == "sync"]
-    if not syncs:
-        raise _Wrong("the GPU works asynchronously: f() returns once the kernel is queued, so "
-                     "call sync() before reading the clock (and before starting it); without it "
-                     "you time only the kernel launches")
-    busy = [i for i in reads if log[i][2]]
-    if last in busy:
-        raise _Wrong("call sync() right before reading the clock at the end: kernels were still "
-                     "running when you read it, so you timed only their launches")
-    if first in busy:
-        raise _Wrong("synchronise before starting the clock too (after the warm-up): the warm-up "
-                     "kernels were still running, so their time was counted in your timing")
-    if busy:
-        raise _Wrong("call sync() before every clock reading: kernels were still running at one "
-                     "of your readings")
+        raise _Wrong("no call of f ran between your two clock readings: nothing was timed")
+    if not any(e[0] == "sync" for e in log):
+        raise _Wrong("your clock readings never waited for the GPU: f() returns once its kernel "
+                     "is queued, so you timed only the launches")
+    if log[last][2]:
+        raise _Wrong("kernels were still running at your last clock reading: the time of the "
+                     "last calls never reached your measurement")
+    if log[first][2]:
+        raise _Wrong("warm-up kernels were still running at your first clock reading: the rest "
+                     "of their time (the slow first call's included) landed in your measurement")
+    if any(log[i][2] for i in reads):
+        raise _Wrong("kernels were still running at one of your clock readings")
     if timed < 2:
         raise _Wrong("time several calls between the two readings and divide by their number: "
                      "one call is too short to time reliably on a real machine")
-    return timed
+    return timed, log[last][1] - log[first][1]
 
 
 def _buggy_loop_ms(kernel_s=2e-3, first_s=50e-3, launch_s=5e-6, warmup=3, repeats=10) -> float:
     """What the notebook's ``time_call_buggy`` reports on a simulated GPU, in ms, run here."""
     gpu = SimulatedGPU(kernel_s=kernel_s, first_s=first_s, launch_s=launch_s)
-    start = gpu.clock()
-    for _ in range(warmup + repeats):
+    calls = warmup + repeats
+    for i in range(calls):
+        if i == warmup:
+            start = gpu.clock()
+            gpu.synchronize()
         gpu.launch()
-    return 1e3 * (gpu.clock() - start) / repeats
+    gpu.synchronize()
+    return 1e3 * (gpu.clock() - start) / calls
 
 
 @_checker
@@ -135,61 +137,77 @@ def check_buggy_timing_prediction(buggy_prediction_ms):
         raise _NotAttempted("write your prediction in buggy_prediction_ms (milliseconds per "
                             "call); the loop's report is shown once it is filled in")
     pred = _number(buggy_prediction_ms, "your prediction in ms")
-    got = _buggy_loop_ms()
-    if abs(pred - got) <= 0.05 * got:
-        return (f"the loop reports {got:.4f} ms for a 2 ms kernel: it times 13 launches of 5 "
-                "microseconds and divides by 10. Now find every mistake and fix it.")
-    launches_per_call = 1e3 * 5e-6  # ms: one launch, divided by one call
-    # kernel-time answers first: (50 + 9 * 2) / 10 = 6.8 ms (section 3's "no warm-up" line) lies
-    # within 5 % of 6.5, the right answer written in microseconds
-    kernel_models = (6.8, 7.4, 74 / 13)  # synchronised: no warm-up /10; all 13 calls /10; /13
-    if any(abs(pred - ms) <= 0.02 * ms for ms in kernel_models):
-        raise _Wrong("you counted the kernels' time, the slow first call included, as if the "
-                     "clock waited for the GPU (section 3's synchronising clock); this loop never "
-                     "synchronises: each f() returns once its kernel is queued")
-    if abs(pred - got * 1e3) <= 0.02 * got * 1e3:
+    got = _buggy_loop_ms()  # (54 + 20) ms of kernels after the first reading, divided by 13
+
+    def near(value, tol=0.05):
+        return abs(pred - value) <= tol * value
+
+    if near(got):
+        return (f"the loop reports {got:.4f} ms for a 2 ms kernel: its clock starts before the "
+                "warm-up kernels (50 + 2 + 2 ms) have run, and it divides by all 13 calls. "
+                "Now fix it.")
+    if near(got * 1e3, 0.02):
         raise _Wrong("you answered in microseconds: write milliseconds per call")
-    if abs(pred - launches_per_call) <= 0.05 * launches_per_call:
-        raise _Wrong("one launch takes 5 microseconds, but the loop does not time one launch "
-                     "per call: count the calls between the two clock readings, and what it "
-                     "divides by")
-    if pred >= 1.0:
-        raise _Wrong("no clock reading in the loop waits for the GPU: each f() returns once "
-                     "its kernel is queued, so the kernels' time (2 ms, or 50 ms for the "
-                     "first) never reaches the clock")
-    raise _Wrong("the clock moves only while the loop launches kernels (5 microseconds per "
-                 "launch, nothing else): count the launches between the readings and divide "
-                 "as the loop does")
+    if near(got * 1e-3, 0.02):
+        raise _Wrong("you answered in seconds: write milliseconds per call")
+    if near(2.0, 0.02):
+        raise _Wrong("2 ms is what a correct loop reports; this one reports something else: "
+                     "follow the simulated clock from the first reading to the last, and check "
+                     "what the loop divides by")
+    if near(20 / 13, 0.02):  # the divisor seen, the first reading not
+        raise _Wrong("you counted only the ten timed kernels: at the first clock reading the "
+                     "warm-up kernels have not finished yet; where is the clock when they have?")
+    if near(74 / 10, 0.02):  # the first reading seen, the divisor not
+        raise _Wrong("the time between the two readings is right; check what the loop divides "
+                     "it by")
+    if pred < 0.1:
+        raise _Wrong("the loop calls sync() before its last reading, so the kernels' time "
+                     "does reach the clock, not only the 5-microsecond launches")
+    raise _Wrong("follow the simulated clock: where is it at the first reading (the warm-up "
+                 "kernels were only queued), where at the last, and what does the loop divide by?")
+
+
+def _time_call_cases():
+    """(kernel_s, first_s, launch_s): section 3's GPU first, then hidden random speeds."""
+    rng = _rng(51)
+    hidden = [(rng.uniform(1e-3, 6e-3), rng.uniform(20e-3, 90e-3), rng.uniform(3e-6, 9e-6))
+              for _ in range(2)]
+    return [(2e-3, 50e-3, 5e-6)] + [tuple(float(x) for x in case) for case in hidden]
 
 
 @_checker
 def check_time_call(time_call):
     """``time_call(f, sync, clock=time.perf_counter)`` -> seconds per call of ``f()``, measured
     right: a few untimed warm-up calls, ``sync()`` before starting the clock, ``sync()`` before
-    reading it again, the mean over several calls. The checker passes a simulated GPU."""
+    reading it again, the mean over several calls. The checker passes simulated GPUs (section 3's
+    and hidden random speeds); its hints name the symptom, not the fix."""
     notes = []
-    for kernel_s in (2e-3, 3.5e-3):  # two speeds: a hard-coded answer cannot pass both
-        gpu = SimulatedGPU(kernel_s=kernel_s, first_s=50e-3, launch_s=5e-6)
+    for kernel_s, first_s, launch_s in _time_call_cases():
+        gpu = SimulatedGPU(kernel_s=kernel_s, first_s=first_s, launch_s=launch_s)
         ans = _call(time_call, gpu.launch, sync=gpu.synchronize, clock=gpu.clock,
                     name="time_call")
         got = _number(ans, "the seconds per call")
-        timed = _timing_procedure(gpu)
-        k = kernel_s
-        if abs(got - k) <= 0.05 * k:
+        timed, span = _timing_procedure(gpu)
+        before = sum(1 for e in gpu.log if e[0] == "launch") - timed  # warm-up calls
+        k = span / timed  # what the readings say, per timed call: about kernel_s
+        if abs(got - k) <= 0.02 * k:
             notes.append(got)
             continue
-        if abs(got - k * 1e3) <= 0.05 * k * 1e3:
+        if abs(got - k * 1e3) <= 0.02 * k * 1e3:
             raise _Wrong("return seconds, not milliseconds")
-        if abs(got - k * 1e6) <= 0.05 * k * 1e6:
+        if abs(got - k * 1e6) <= 0.02 * k * 1e6:
             raise _Wrong("return seconds, not microseconds")
-        if timed >= 2 and abs(got - timed * k) <= 0.05 * timed * k:
+        if abs(got - span) <= 0.02 * span:
             raise _Wrong(f"you returned {got * 1e3:.2f} ms, the time of all {timed} timed calls: "
-                         "return the time per call (divide by the number of timed calls)")
+                         "return the time per call")
+        if before and abs(got - span / (timed + before)) <= 0.02 * span / (timed + before):
+            raise _Wrong(f"your result is the time between your readings divided by "
+                         f"{timed + before} calls, but only {timed} ran between them")
         raise _Wrong(f"the procedure looks right but the result is {got:.6f} s per call; the "
-                     f"simulated kernel takes {k * 1e3:g} ms: compute (end - start) / calls from "
-                     "the clock readings, not a fixed number")
-    return (f"{notes[0] * 1e3:.2f} ms per call on the checker's simulated GPU (its first call "
-            "takes 50 ms, then 2 ms per kernel); warm-up, sync, several calls, sync: all there.")
+                     f"simulated kernel takes {kernel_s * 1e3:.2f} ms: compute it from the clock "
+                     "readings, not a fixed number")
+    return (f"{notes[0] * 1e3:.2f} ms per call on section 3's simulated GPU, and right on "
+            f"{len(notes) - 1} hidden ones; warm-up, sync, several calls, sync: all there.")
 
 
 # --------------------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ __all__ = [
     "attention_bytes",
     "peak_memory",
     "cpu_peak_memory",
+    "cpu_memory_events",
     "quiet_stderr",
     "aten_ops",
     "op_self_ms",
@@ -341,26 +342,34 @@ def quiet_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-def cpu_peak_memory(fn: Callable[[], object]) -> int:
-    """Peak bytes of CPU memory that ``fn()`` had allocated at once, beyond what existed before.
+def cpu_memory_events(fn: Callable[[], object]) -> list[tuple[int, int]]:
+    """Every allocation and free that PyTorch's CPU allocator made during ``fn()``, in time order:
+    a list of ``(time_ns, nbytes)``, ``nbytes`` positive for an allocation, negative for a free.
 
-    Method: ``torch.profiler.profile(profile_memory=True)`` records every allocation and free made
-    by PyTorch's CPU allocator as a ``[memory]`` event with a signed size and a timestamp. Sorting
-    them by time and summing gives the bytes alive after each event; the maximum is the peak. The
-    result of ``fn`` is kept alive until the end, so it counts (as it would on a GPU)."""
+    Read from ``torch.profiler.profile(profile_memory=True)``'s ``[memory]`` events (the profiler
+    exposes them only through its internal results object, read here so that callers need not).
+    The result of ``fn`` is kept alive until the end, so it is never freed in the list."""
     _check_callable(fn)
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     with quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         result = fn()  # noqa: F841  (alive until the profile ends, like a caller holding it)
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    events.sort(key=lambda e: e.start_ns())
+    events = [(e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+              if e.name() == "[memory]" and e.device_type() == DeviceType.CPU]
+    return sorted(events, key=lambda event: event[0])
+
+
+def cpu_peak_memory(fn: Callable[[], object]) -> int:
+    """Peak bytes of CPU memory that ``fn()`` had allocated at once, beyond what existed before.
+
+    Method: :func:`cpu_memory_events` lists every allocation (+bytes) and free (-bytes) in time
+    order; summing them gives the bytes alive after each event; the maximum is the peak. The
+    result of ``fn`` is kept alive until the end, so it counts (as it would on a GPU)."""
     alive = peak = 0
-    for e in events:
-        if e.device_type() == DeviceType.CPU:
-            alive += e.nbytes()
-            peak = max(peak, alive)
+    for _, nbytes in cpu_memory_events(fn):
+        alive += nbytes
+        peak = max(peak, alive)
     return peak
 
 

@@ -645,7 +645,8 @@ def plot_error_dots(errors: dict, xlabel: str, title: str, unit: str = "%"):
 def plot_block_sweep(blocks, times_ms, causal_ms, sdpa_ms: float, extra_mib, T: int,
                      device: str = "cpu"):
     """Time per call of a tiled attention against its block size, full and causal, with SDPA's
-    time as a line, and the extra memory on a right log axis; returns ``(ax, ax_memory)``.
+    time as a line (top panel), and the extra memory (bottom panel, same x axis); returns
+    ``(ax, ax_memory)``.
 
     ``blocks``, ``times_ms``, ``causal_ms``, ``extra_mib``: ``n`` each (block sizes, ms per call,
     ms per causal call, MiB beyond the output). ``sdpa_ms``: one number. Each causal point is
@@ -653,25 +654,26 @@ def plot_block_sweep(blocks, times_ms, causal_ms, sdpa_ms: float, extra_mib, T: 
     as the one tile of naive attention."""
     blocks = list(blocks)
     _same_lengths(blocks=blocks, times_ms=times_ms, causal_ms=causal_ms, extra_mib=extra_mib)
-    fig, ax = plt.subplots(figsize=(7, 3.6))
-    ax.loglog(blocks, list(times_ms), "s-", base=2, color="tab:blue", label="time, tiled_attention")
+    fig, (ax, ax_mem) = plt.subplots(2, 1, figsize=(7, 5), sharex=True,
+                                     gridspec_kw={"height_ratios": [3, 2]})
+    ax.loglog(blocks, list(times_ms), "s-", base=2, color="tab:blue", label="tiled_attention")
     ax.loglog(blocks, list(causal_ms), "v--", base=2, color="tab:cyan",
-              label="time, tiled_attention, causal (labels: causal / full)")
+              label="tiled_attention, causal\n(labels: causal / full)")
     for b, full, causal in zip(blocks, times_ms, causal_ms, strict=True):  # causal / full
         ax.annotate(f"x{causal / full:.2f}", (b, causal), xytext=(0, -12),
                     textcoords="offset points", ha="center", fontsize=8, color="tab:cyan")
-    ax.set_xticks(blocks, [f"{b}\n(one tile = naive)" if b == T else str(b) for b in blocks])
-    ax.axhline(sdpa_ms, color="tab:green", ls="-", lw=1.5, label="time, SDPA")
+    ax.axhline(sdpa_ms, color="tab:green", ls="-", lw=1.5, label="SDPA")
     log_ticks(ax)
-    ax.set(xlabel="block size b", ylabel="time per call (ms, log scale)",
+    ax.set(ylabel="time per call\n(ms, log scale)",
            title=f"Tiled attention at T = {T} on {device}, by block size")
-    ax_mem = ax.twinx()
-    ax_mem.semilogy(blocks, list(extra_mib), "o:", color="tab:purple", base=2,
-                    label="extra memory beyond the output (right axis)")
-    ax_mem.set_ylabel("extra memory (MiB, log scale)", color="tab:purple")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1))
+    ax_mem.loglog(blocks, list(extra_mib), "o-", color="tab:purple", base=2,
+                  label="tiled_attention")
+    ax_mem.set(xlabel="block size b", ylabel="extra memory beyond\nthe output (MiB, log scale)")
     log_ticks(ax_mem)
-    ax.legend(handles=ax.get_lines() + ax_mem.get_lines(), fontsize=8, loc="upper center",
-              bbox_to_anchor=(0.5, -0.3), ncol=2)
+    ax_mem.set_xticks(blocks, [f"{b}\n(one tile = naive)" if b == T else str(b) for b in blocks])
+    ax_mem.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1))
+    fig.tight_layout()
     return ax, ax_mem
 
 
@@ -700,8 +702,10 @@ def plot_times_by_length(lengths, panels: dict, extra: dict | None = None,
                              sharey=True, squeeze=False)
     for ax, (title, times) in zip(axes[0], panels.items(), strict=True):
         for name, ms in times.items():
+            hollow = name == "tiled (flash)"  # a large hollow marker: visible over a coinciding one
             ax.loglog(lengths, list(ms), _TIME_STYLE.get(name, "o-"), color=colour[name],
-                      label=name, base=2, ms=7, mfc="none" if name == "tiled (flash)" else None)
+                      label=name, base=2, ms=12 if hollow else 6, mfc="none" if hollow else None,
+                      mew=1.5 if hollow else None)
         for label, (xs, ys) in extra.get(title, {}).items():
             base_name = next((n for n in names if label.startswith(n)), None)
             ax.loglog(list(xs), list(ys), "x:", color=colour.get(base_name, "grey"), label=label,

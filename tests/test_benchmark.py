@@ -15,6 +15,7 @@ from shared.benchmark import (
     attention_bytes,
     attention_flops,
     best_times_ms,
+    cpu_memory_events,
     cpu_peak_memory,
     device_memory_bytes,
     dtype_works,
@@ -148,6 +149,22 @@ def test_cpu_peak_memory_of_known_allocations():
     assert cpu_peak_memory(two_at_once) == 2 * 4 * n
     assert cpu_peak_memory(one_after_another) == 4 * n
     assert peak_memory(lambda: torch.empty(n, dtype=torch.float64), "cpu") == 8 * n
+
+
+def test_cpu_memory_events_list_allocations_and_frees_in_time_order():
+    n = 1_000_000
+
+    def allocate_free_allocate():
+        a = torch.empty(n)  # 4n bytes
+        del a  # -4n
+        return torch.empty(2 * n, dtype=torch.float64)  # 16n, kept alive: never freed
+
+    events = cpu_memory_events(allocate_free_allocate)
+    assert [nbytes for _, nbytes in events] == [4 * n, -4 * n, 16 * n]
+    times = [t for t, _ in events]
+    assert times == sorted(times)
+    with pytest.raises(TypeError, match="callable"):
+        cpu_memory_events(torch.empty(1))
 
 
 def test_naive_attention_peak_is_at_least_the_score_matrix():

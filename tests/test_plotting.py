@@ -410,7 +410,11 @@ def test_plot_block_sweep_labels_causal_over_full_and_puts_memory_right():
     ax, ax_mem = plot_block_sweep([32, 64], [2.0, 1.0], [1.0, 1.5], 0.5, [0.1, 0.3], T=64)
     assert sorted(t.get_text() for t in ax.texts) == ["x0.50", "x1.50"]
     assert list(ax_mem.get_lines()[0].get_ydata()) == [0.1, 0.3]
-    assert labels(ax.get_xticklabels())[-1].startswith("64\n(one tile")
+    # memory in its own panel below the times, on the same x axis (no twin axis to overlap them)
+    assert ax_mem.get_shared_x_axes().joined(ax, ax_mem)
+    assert ax_mem.get_position().y1 <= ax.get_position().y0
+    assert all(line.get_color() != "tab:purple" for line in ax.get_lines())
+    assert labels(ax_mem.get_xticklabels())[-1].startswith("64\n(one tile")
     with pytest.raises(ValueError, match="one entry each"):
         plot_block_sweep([32, 64], [2.0], [1.0, 1.5], 0.5, [0.1, 0.3], T=64)
 
@@ -425,5 +429,9 @@ def test_plot_times_by_length_one_panel_per_dtype_and_a_slope_two_line():
     assert first[r"$\propto T^2$ (slope 2)"] == [0.75, 3.0]  # through SDPA's last time, slope 2
     colours = {line.get_label(): line.get_color() for line in axes[0].get_lines()}
     assert colours["SDPA (CPU)"] == colours["SDPA"]
+    # the tiled loop's hollow marker is larger than the NumPy reference's: both show where they coincide
+    one = plot_times_by_length([64], {"float32": {"SDPA": [1.0], "NumPy reference": [2.0], "tiled (flash)": [2.0]}})
+    size = {line.get_label(): line.get_markersize() for line in one[0].get_lines()}
+    assert size["tiled (flash)"] >= 1.5 * size["NumPy reference"]
     with pytest.raises(ValueError, match="3 times for 2 lengths"):
         plot_times_by_length([64, 128], {"float32": {"SDPA": [1.0, 2.0, 3.0]}})

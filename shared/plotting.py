@@ -27,7 +27,8 @@ import seaborn as sns
 
 __all__ = ["plot_attention", "plot_heads", "plot_bottleneck", "plot_word_links",
            "plot_context_vectors", "zoom_context_vectors", "log_ticks", "label_points",
-           "print_table", "plot_online_softmax", "plot_error_dots", "plot_memory_hierarchy", "plot_block_sweep",
+           "print_table", "plot_online_softmax", "plot_error_dots", "plot_memory_hierarchy",
+           "plot_block_sweep",
            "plot_times_by_length"]
 
 MASKED_COLOR = "#d9d9d9"
@@ -667,15 +668,20 @@ def plot_memory_hierarchy(n_tiles: int = 4, hbm=("40 GB", "1.5 TB/s"), sram=("20
                                    gid=f"{name}{j}"))
     blocks = {"Q_i (kept)": 2.0, "K_j": 3.6, "V_j": 5.0, "O_i (kept)": 6.6}
     for label, x in blocks.items():
-        ax.add_patch(Rectangle((x, 0.25), 1.1, 0.6, fc=colour[label[0]], alpha=0.9, gid=f"on-chip {label}"))
-        ax.text(x + 0.55, 0.1, label.replace("_i", "$_i$").replace("_j", "$_j$"), ha="center", va="top", fontsize=9)
+        ax.add_patch(Rectangle((x, 0.25), 1.1, 0.6, fc=colour[label[0]], alpha=0.9,
+                               gid=f"on-chip {label}"))
+        ax.text(x + 0.55, 0.1, label.replace("_i", "$_i$").replace("_j", "$_j$"), ha="center",
+                va="top", fontsize=9)
     arrows = [((0.4 + 0.9 * width / 2, 3.0), (2.55, 0.85), "once"),  # Q_0 in
-              ((2.8 + 1.0, 3.0), (4.15, 0.85), "every j"), ((5.2 + 1.0, 3.0), (5.55, 0.85), "every j"),
+              ((2.8 + 1.0, 3.0), (4.15, 0.85), "every j"),
+              ((5.2 + 1.0, 3.0), (5.55, 0.85), "every j"),
               ((7.15, 0.85), (7.6 + 0.9 * width / 2, 3.0), "once")]  # O_0 out
     for start, end, label in arrows:
-        ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=12, lw=1.2, color="0.3"))
+        ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=12, lw=1.2,
+                                     color="0.3"))
         ax.text((start[0] + end[0]) / 2 + 0.1, 2.1, label, fontsize=8, color="0.3")
-    ax.set(xlim=(-0.1, 10.1), ylim=(-0.4, 4.9), title="A query block stays on chip; K and V tiles stream through")
+    ax.set(xlim=(-0.1, 10.1), ylim=(-0.4, 4.9),
+           title="A query block stays on chip; K and V tiles stream through")
     ax.axis("off")
     fig.tight_layout()
     return ax

@@ -12,8 +12,8 @@ that enlarges context vectors crowded near the centroid).
 
 Two small helpers for the measured plots of notebook 05: ``log_ticks`` (a log axis labelled with
 plain numbers) and ``label_points`` (name labels for dots, kept apart where dots share an x); and
-its four figures, so that its cells show attention code, not matplotlib: ``plot_online_softmax``,
-``plot_error_dots``, ``plot_block_sweep`` and ``plot_times_by_length``.
+its five figures, so that its cells show attention code, not matplotlib: ``plot_online_softmax``,
+``plot_error_dots``, ``plot_memory_hierarchy``, ``plot_block_sweep`` and ``plot_times_by_length``.
 
 One text helper for the measured tables of notebook 07: ``print_table`` (rows of numbers under
 column headers, so that a cell shows the measurement and not the f-strings).
@@ -27,7 +27,8 @@ import seaborn as sns
 
 __all__ = ["plot_attention", "plot_heads", "plot_bottleneck", "plot_word_links",
            "plot_context_vectors", "zoom_context_vectors", "log_ticks", "label_points",
-           "print_table", "plot_online_softmax", "plot_error_dots", "plot_block_sweep",
+           "print_table", "plot_online_softmax", "plot_error_dots", "plot_memory_hierarchy",
+           "plot_block_sweep",
            "plot_times_by_length"]
 
 MASKED_COLOR = "#d9d9d9"
@@ -642,6 +643,50 @@ def plot_error_dots(errors: dict, xlabel: str, title: str, unit: str = "%"):
     return ax
 
 
+def plot_memory_hierarchy(n_tiles: int = 4, hbm=("40 GB", "1.5 TB/s"), sram=("20 MB", "19 TB/s")):
+    """Schematic of a GPU's memory: Q, K, V and O in HBM (each cut into ``n_tiles`` blocks of
+    rows), one query block ``Q_i`` and its accumulator ``O_i`` kept in on-chip SRAM while the
+    tiles ``K_j``, ``V_j`` stream through. ``hbm``, ``sram``: (capacity, bandwidth) strings,
+    by default an A100's from FlashAttention's Figure 1 (Dao et al. 2022). Returns the axes."""
+    from matplotlib.patches import FancyArrowPatch, Rectangle
+
+    if not isinstance(n_tiles, int) or n_tiles < 2:
+        raise ValueError(f"n_tiles must be an int >= 2, got {n_tiles!r}")
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    ax.add_patch(Rectangle((0, 2.6), 10, 2.2, fc="#dceefb", ec="tab:blue", lw=1.5, gid="HBM"))
+    ax.text(0.15, 4.6, f"HBM (device memory): {hbm[0]}, {hbm[1]}", va="top", fontsize=10)
+    ax.add_patch(Rectangle((1.5, 0), 7, 1.6, fc="#fde9d4", ec="tab:orange", lw=1.5, gid="SRAM"))
+    ax.text(1.65, 1.45, f"on-chip SRAM: {sram[0]}, {sram[1]}", va="top", fontsize=10)
+    colour = {"Q": "tab:blue", "K": "tab:green", "V": "tab:purple", "O": "tab:red"}
+    width = 2.0 / n_tiles
+    for k, name in enumerate("QKVO"):  # each matrix a row of n_tiles blocks in HBM
+        x0 = 0.4 + 2.4 * k
+        ax.text(x0 + 1.0, 3.85, name, ha="center", fontsize=10, weight="bold")
+        for j in range(n_tiles):
+            ax.add_patch(Rectangle((x0 + j * width, 3.0), width * 0.9, 0.6, fc=colour[name],
+                                   alpha=0.9 if (name in "QO" and j == 0) or name in "KV" else 0.25,
+                                   gid=f"{name}{j}"))
+    blocks = {"Q_i (kept)": 2.0, "K_j": 3.6, "V_j": 5.0, "O_i (kept)": 6.6}
+    for label, x in blocks.items():
+        ax.add_patch(Rectangle((x, 0.25), 1.1, 0.6, fc=colour[label[0]], alpha=0.9,
+                               gid=f"on-chip {label}"))
+        ax.text(x + 0.55, 0.1, label.replace("_i", "$_i$").replace("_j", "$_j$"), ha="center",
+                va="top", fontsize=9)
+    arrows = [((0.4 + 0.9 * width / 2, 3.0), (2.55, 0.85), "once"),  # Q_0 in
+              ((2.8 + 1.0, 3.0), (4.15, 0.85), "every j"),
+              ((5.2 + 1.0, 3.0), (5.55, 0.85), "every j"),
+              ((7.15, 0.85), (7.6 + 0.9 * width / 2, 3.0), "once")]  # O_0 out
+    for start, end, label in arrows:
+        ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=12, lw=1.2,
+                                     color="0.3"))
+        ax.text((start[0] + end[0]) / 2 + 0.1, 2.1, label, fontsize=8, color="0.3")
+    ax.set(xlim=(-0.1, 10.1), ylim=(-0.4, 4.9),
+           title="A query block stays on chip; K and V tiles stream through")
+    ax.axis("off")
+    fig.tight_layout()
+    return ax
+
+
 def plot_block_sweep(blocks, times_ms, causal_ms, sdpa_ms: float, extra_mib, T: int,
                      device: str = "cpu"):
     """Time per call of a tiled attention against its block size, full and causal, with SDPA's
@@ -672,7 +717,6 @@ def plot_block_sweep(blocks, times_ms, causal_ms, sdpa_ms: float, extra_mib, T: 
     ax_mem.set(xlabel="block size b", ylabel="extra memory beyond\nthe output (MiB, log scale)")
     log_ticks(ax_mem)
     ax_mem.set_xticks(blocks, [f"{b}\n(one tile = naive)" if b == T else str(b) for b in blocks])
-    ax_mem.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1))
     fig.tight_layout()
     return ax, ax_mem
 

@@ -415,6 +415,7 @@ def test_plot_block_sweep_labels_causal_over_full_and_puts_memory_right():
     assert ax_mem.get_position().y1 <= ax.get_position().y0
     assert all(line.get_color() != "tab:purple" for line in ax.get_lines())
     assert labels(ax_mem.get_xticklabels())[-1].startswith("64\n(one tile")
+    assert ax_mem.get_legend() is None  # one series: the y label names it
     with pytest.raises(ValueError, match="one entry each"):
         plot_block_sweep([32, 64], [2.0], [1.0, 1.5], 0.5, [0.1, 0.3], T=64)
 
@@ -435,3 +436,30 @@ def test_plot_times_by_length_one_panel_per_dtype_and_a_slope_two_line():
     assert size["tiled (flash)"] >= 1.5 * size["NumPy reference"]
     with pytest.raises(ValueError, match="3 times for 2 lengths"):
         plot_times_by_length([64, 128], {"float32": {"SDPA": [1.0, 2.0, 3.0]}})
+
+
+def test_plot_memory_hierarchy_keeps_q_on_chip_and_streams_every_kv_tile():
+    from matplotlib.patches import FancyArrowPatch
+
+    from shared.plotting import plot_memory_hierarchy
+
+    ax = plot_memory_hierarchy(n_tiles=5, hbm=("40 GB", "1.5 TB/s"), sram=("20 MB", "19 TB/s"))
+    texts = " ".join(t.get_text() for t in ax.texts)
+    assert "40 GB, 1.5 TB/s" in texts and "20 MB, 19 TB/s" in texts
+    boxes = {p.get_gid(): p for p in ax.patches if p.get_gid()}
+    assert sum(gid.startswith("K") and gid[1:].isdigit() for gid in boxes) == 5
+    sram = boxes["SRAM"].get_bbox()
+    for gid in ("on-chip Q_i (kept)", "on-chip K_j", "on-chip V_j", "on-chip O_i (kept)"):
+        centre = boxes[gid].get_bbox()
+        assert sram.x0 < (centre.x0 + centre.x1) / 2 < sram.x1 and sram.y0 < (centre.y0 + centre.y1) / 2 < sram.y1
+    labels = sorted(t.get_text() for t in ax.texts if t.get_text() in ("once", "every j"))
+    assert labels == ["every j", "every j", "once", "once"]
+    assert sum(isinstance(p, FancyArrowPatch) for p in ax.patches) == 4
+    plt.close("all")
+
+
+def test_plot_memory_hierarchy_rejects_a_single_tile():
+    from shared.plotting import plot_memory_hierarchy
+
+    with pytest.raises(ValueError, match="n_tiles must be an int >= 2, got 1"):
+        plot_memory_hierarchy(n_tiles=1)

@@ -883,9 +883,9 @@ def check_random_sets(random_sets, random_changes=None, named_changes=None, my_p
     return (f"both within {_PCT_TOL} points: {shown}. {beyond[0]} random sets change them less "
             f"than the highest-[CLS] set and {beyond[1]} more than the lowest: {extreme}. But the "
             "gap is partly a layer effect: the two sets come from different layers, and random "
-            "sets mix layers. Within most layers the hypothesis holds: silenced one at a time, "
-            "heads with less weight on [CLS] change the embeddings more (the solutions measure it "
-            "head by head).")
+            "sets mix layers. Within each layer the sign agrees: silenced one at a time, heads "
+            "with less weight on [CLS] tend to change the embeddings more (the solutions measure "
+            "it head by head, and how clear it is).")
 
 
 # --------------------------------------------------------------------------------------------

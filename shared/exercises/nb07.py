@@ -289,14 +289,8 @@ def _true_or_false_each(answer, name: str, keys: tuple, what: str) -> None:
             raise _Wrong(f"write True or False for {key!r}; got {answer[key]!r}")
 
 
-@_checker
-def check_ntk_outcome(my_outcome, model, tokens):
-    """``my_outcome``: ``{"more accurate than plain RoPE": bool, "more accurate than pair 1 slowed
-    4x on queries 1 .. 19": bool, "head beats pair 1 slowed 4x": bool}`` about the NTK-aware base
-    (scale 4) on ``model``, the notebook's RoPE ``TinyTransformer``, tested on ``tokens``
-    ``(B, T)`` at 4x its training length. The checker measures the three itself on a copy of the
-    model, and only once all three guesses are filled in."""
-    _true_or_false_each(my_outcome, "my_outcome", NTK_OUTCOME_KEYS, "the three")
+def _check_rope_model_and_tokens(model, tokens) -> None:
+    """The notebook's RoPE ``TinyTransformer`` and test tokens ``(B, T)``, else a named mistake."""
     from shared.tiny_transformer import TinyTransformer
 
     if not (isinstance(model, TinyTransformer) and model.positional == "rope"):
@@ -305,6 +299,17 @@ def check_ntk_outcome(my_outcome, model, tokens):
             and not tokens.is_floating_point()):
         raise _Wrong("pass the notebook's T = 84 test tokens, test_sets[4 * L_train], as the "
                      "third argument")
+
+
+@_checker
+def check_ntk_outcome(my_outcome, model, tokens):
+    """``my_outcome``: ``{"more accurate than plain RoPE": bool, "more accurate than pair 1 slowed
+    4x on queries 1 .. 19": bool, "head beats pair 1 slowed 4x": bool}`` about the NTK-aware base
+    (scale 4) on ``model``, the notebook's RoPE ``TinyTransformer``, tested on ``tokens``
+    ``(B, T)`` at 4x its training length. The checker measures the three itself on a copy of the
+    model, and only once all three guesses are filled in."""
+    _true_or_false_each(my_outcome, "my_outcome", NTK_OUTCOME_KEYS, "the three")
+    _check_rope_model_and_tokens(model, tokens)
     r = _measure_ntk_outcome(model, tokens)
     acc = r["acc"]
     holds = {"more accurate than plain RoPE": acc["ntk"] > acc["plain"],
@@ -523,14 +528,8 @@ def check_slowed_pair_prediction(my_pair, model, tokens):
             or int(my_pair) not in (1, 2, 3):
         raise _Wrong(f"my_pair should be one of the whole numbers 1, 2 or 3; got {my_pair!r}")
     from shared.positional import rope_frequencies
-    from shared.tiny_transformer import TinyTransformer
 
-    if not (isinstance(model, TinyTransformer) and model.positional == "rope"):
-        raise _Wrong('pass the notebook\'s RoPE model, models["rope"], as the second argument')
-    if not (isinstance(tokens, torch.Tensor) and tokens.ndim == 2 and tokens.shape[1] >= 8
-            and not tokens.is_floating_point()):
-        raise _Wrong("pass the notebook's T = 84 test tokens, test_sets[4 * L_train], as the "
-                     "third argument")
+    _check_rope_model_and_tokens(model, tokens)
     _, on_previous, far = _measure_slowed_pairs(model, tokens)
     best = max(on_previous, key=on_previous.get)
     T = tokens.shape[1]

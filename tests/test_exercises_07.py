@@ -581,15 +581,20 @@ def test_training_never_reaches_position_20():
     assert moved[:20].all() and not moved[20:].any(), moved.nonzero().flatten().tolist()
 
 
-@pytest.mark.parametrize("answer, expected, phrase", OUTCOME_CASES, ids=[repr(c[0]) for c in OUTCOME_CASES])
-def test_ntk_outcome(capsys, rope_run, answer, expected, phrase):
+def check_on_rope_run(capsys, rope_run, checker, answer, expected, phrase):
+    """Run a checker that takes (answer, RoPE model, test tokens): verdict, phrase, model untouched."""
     model, tokens = rope_run
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    result, out = run(capsys, ex.check_ntk_outcome, answer, model, tokens)
+    result, out = run(capsys, checker, answer, model, tokens)
     assert result.passed is expected, out
     assert phrase in out, out
     assert (model.rope_base, model.rope_scale) == (10_000.0, 1.0)  # the checker works on a copy
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize("answer, expected, phrase", OUTCOME_CASES, ids=[repr(c[0]) for c in OUTCOME_CASES])
+def test_ntk_outcome(capsys, rope_run, answer, expected, phrase):
+    check_on_rope_run(capsys, rope_run, ex.check_ntk_outcome, answer, expected, phrase)
 
 
 def test_ntk_outcome_wrong_arguments(capsys, rope_run):
@@ -783,12 +788,7 @@ SLOWED_PAIR_CASES = [
 
 @pytest.mark.parametrize("answer, expected, phrase", SLOWED_PAIR_CASES, ids=[repr(c[0]) for c in SLOWED_PAIR_CASES])
 def test_slowed_pair_prediction(capsys, rope_run, answer, expected, phrase):
-    model, tokens = rope_run
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    result, out = run(capsys, ex.check_slowed_pair_prediction, answer, model, tokens)
-    assert result.passed is expected, out
-    assert phrase in out, out
-    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    check_on_rope_run(capsys, rope_run, ex.check_slowed_pair_prediction, answer, expected, phrase)
 
 
 def test_slowed_pair_is_what_the_model_does(rope_run):

@@ -26,102 +26,134 @@ def stub_raises(*args, **kwargs):
 
 
 # 5.1 ------------------------------------------------------------------------------------------
-def time_ok(f, sync, clock=time.perf_counter, warmup=3, repeats=10):
-    for _ in range(warmup):
-        f()
-    sync()
-    start = clock()
-    for _ in range(repeats):
-        f()
-    sync()
-    return (clock() - start) / repeats
-
-
-def time_median_per_call(f, sync, clock=time.perf_counter, warmup=3, repeats=10):
+def _block_times(f, sync, clock, blocks, calls, warmup=1, sync_inside=True):
     for _ in range(warmup):
         f()
     times = []
-    for _ in range(repeats):
-        sync()
+    for _ in range(blocks):
+        if sync_inside:
+            sync()
         start = clock()
-        f()
-        sync()
+        for _ in range(calls):
+            f()
+        if sync_inside:
+            sync()
         times.append(clock() - start)
+    return times
+
+
+def time_ok(f, sync, clock=time.perf_counter, blocks=5, calls=10):
+    return min(_block_times(f, sync, clock, blocks, calls)) / calls
+
+
+def time_ok_no_warmup(f, sync, clock=time.perf_counter, blocks=5, calls=10):
+    # the first block holds the slow first call; the fastest block leaves it out
+    return min(_block_times(f, sync, clock, blocks, calls, warmup=0)) / calls
+
+
+def time_median_per_call(f, sync, clock=time.perf_counter, blocks=5, calls=10):
+    times = _block_times(f, sync, clock, blocks * calls, 1, warmup=3)
     return sorted(times)[len(times) // 2]
 
 
-def time_no_sync(f, sync, clock=time.perf_counter, warmup=3, repeats=10):
-    for _ in range(warmup):
-        f()
-    start = clock()
-    for _ in range(repeats):
-        f()
-    return (clock() - start) / repeats
-
-
-def time_no_warmup(f, sync, clock=time.perf_counter, repeats=10):
-    sync()
-    start = clock()
-    for _ in range(repeats):
-        f()
-    sync()
-    return (clock() - start) / repeats
-
-
-def time_no_warmup_many_calls(f, sync, clock=time.perf_counter):
-    # 2000 calls dilute the slow first one to within 2 %: the number passes, the procedure not
-    return time_no_warmup(f, sync, clock, repeats=2000)
-
-
-def time_no_sync_before_start(f, sync, clock=time.perf_counter, warmup=3, repeats=10):
-    for _ in range(warmup):
-        f()
-    start = clock()
-    for _ in range(repeats):
-        f()
-    sync()
-    return (clock() - start) / repeats
-
-
-def time_no_sync_at_end_many_calls(f, sync, clock=time.perf_counter, warmup=3):
-    for _ in range(warmup):
+def time_single_block(f, sync, clock=time.perf_counter, blocks=5, calls=10):
+    # section 3's recipe: warm up, sync, one block, sync
+    for _ in range(3):
         f()
     sync()
     start = clock()
-    for _ in range(1000):
-        f()
-    return (clock() - start) / 1000
-
-
-def time_one_call(f, sync, clock=time.perf_counter, warmup=3):
-    for _ in range(warmup):
+    for _ in range(calls):
         f()
     sync()
-    start = clock()
+    return (clock() - start) / calls
+
+
+def time_single_long_block(f, sync, clock=time.perf_counter, blocks=5, calls=10):
+    # 2000 calls dilute the neighbour: the number is close, the procedure cannot tell
+    return time_single_block(f, sync, clock, calls=2000)
+
+
+def time_mean_of_blocks(f, sync, clock=time.perf_counter, blocks=5, calls=10):
+    return sum(_block_times(f, sync, clock, blocks, calls)) / (blocks * calls)
+
+
+def time_mean_of_unequal_blocks(f, sync, clock=time.perf_counter, blocks=5, calls=10):
+    times = [t / n for n in (5, 10, 15, 20, 25) for t in _block_times(f, sync, clock, 1, n, warmup=0)]
+    return sum(times) / len(times)
+
+
+def time_slowest_block(f, sync, clock=time.perf_counter, blocks=5, calls=10):
+    return max(_block_times(f, sync, clock, blocks, calls)) / calls
+
+
+def time_too_few_blocks(f, sync, clock=time.perf_counter, blocks=5, calls=10):
+    return min(_block_times(f, sync, clock, 2, calls)) / calls
+
+
+def time_block_total(f, sync, clock=time.perf_counter, blocks=5, calls=10):
+    return min(_block_times(f, sync, clock, blocks, calls))
+
+
+def time_no_sync(f, sync, clock=time.perf_counter, blocks=5, calls=10):
+    return min(_block_times(f, sync, clock, blocks, calls, sync_inside=False)) / calls
+
+
+def time_no_sync_between_blocks(f, sync, clock=time.perf_counter, blocks=5, calls=10):
     f()
     sync()
-    return clock() - start
+    reads = [clock()]
+    for _ in range(blocks):
+        for _ in range(calls):
+            f()
+        reads.append(clock())
+    sync()
+    reads[-1] = clock()
+    return min(b - a for a, b in zip(reads, reads[1:], strict=False)) / calls
 
 
-def time_total(f, sync, clock=time.perf_counter, warmup=3, repeats=10):
-    return time_ok(f, sync, clock, warmup, repeats) * repeats
+def time_no_sync_before_start(f, sync, clock=time.perf_counter, blocks=5, calls=10):
+    f()
+    times = []
+    for _ in range(blocks):
+        start = clock()
+        for _ in range(calls):
+            f()
+        sync()
+        times.append(clock() - start)
+    return min(times) / calls
 
 
-def time_milliseconds(f, sync, clock=time.perf_counter, warmup=3, repeats=10):
-    return time_ok(f, sync, clock, warmup, repeats) * 1e3
+def time_no_sync_at_end(f, sync, clock=time.perf_counter, blocks=5, calls=10):
+    f()
+    times = []
+    for _ in range(blocks):
+        sync()
+        start = clock()
+        for _ in range(calls):
+            f()
+        times.append(clock() - start)
+    return min(times) / calls
 
 
-def time_text(f, sync, clock=time.perf_counter, warmup=3, repeats=10):
-    return f"{time_ok(f, sync, clock, warmup, repeats):.6f}"
+def time_one_call(f, sync, clock=time.perf_counter, blocks=5, calls=10):
+    return min(_block_times(f, sync, clock, 1, 1, warmup=3))
 
 
-def time_hard_coded(f, sync, clock=time.perf_counter, warmup=3, repeats=10):
-    time_ok(f, sync, clock, warmup, repeats)  # the right procedure, then a fixed answer
+def time_milliseconds(f, sync, clock=time.perf_counter, blocks=5, calls=10):
+    return time_ok(f, sync, clock, blocks, calls) * 1e3
+
+
+def time_text(f, sync, clock=time.perf_counter, blocks=5, calls=10):
+    return f"{time_ok(f, sync, clock, blocks, calls):.6f}"
+
+
+def time_hard_coded(f, sync, clock=time.perf_counter, blocks=5, calls=10):
+    time_ok(f, sync, clock, blocks, calls)  # the right procedure, then a fixed answer
     return 0.002
 
 
-def time_perf_counter(f, sync, clock=time.perf_counter, warmup=3, repeats=10):
-    return time_ok(f, sync, time.perf_counter, warmup, repeats)
+def time_perf_counter(f, sync, clock=time.perf_counter, blocks=5, calls=10):
+    return time_ok(f, sync, time.perf_counter, blocks, calls)
 
 
 def time_buggy_as_shown(f, sync, clock=time.perf_counter, warmup=3, repeats=10):
@@ -148,28 +180,7 @@ def time_sync_order_fixed_only(f, sync, clock=time.perf_counter, warmup=3, repea
     return (clock() - start) / calls
 
 
-def time_divisor_fixed_only(f, sync, clock=time.perf_counter, warmup=3, repeats=10):
-    # divided by the timed calls; the clock still starts before sync()
-    for i in range(warmup + repeats):
-        if i == warmup:
-            start = clock()
-            sync()
-        f()
-    sync()
-    return (clock() - start) / repeats
-
-
-def time_sync_but_warmup_timed(f, sync, clock=time.perf_counter, warmup=3, repeats=10):
-    # the slow first call inside the timing
-    sync()
-    start = clock()
-    for _ in range(warmup + repeats):
-        f()
-    sync()
-    return (clock() - start) / repeats
-
-
-def time_retry_forever(f, sync, clock=time.perf_counter, warmup=3, repeats=10):
+def time_retry_forever(f, sync, clock=time.perf_counter, blocks=5, calls=10):
     while True:  # a loop that never ends: the checker's time limit must stop it
         pass
 
@@ -487,20 +498,25 @@ CASES = [
     (C.check_buggy_timing_prediction, "5.69", False, "not a string"),
     # 5.1(b): section 3's GPU, then hidden random speeds
     (C.check_time_call, time_ok, True, "2.00 ms per call"),
+    (C.check_time_call, time_ok, True, "the mean over all your timed calls is 3.20 ms"),
+    (C.check_time_call, time_ok_no_warmup, True, OK),
     (C.check_time_call, time_median_per_call, True, OK),
     (C.check_time_call, stub, None, NA),
     (C.check_time_call, stub_raises, None, NA),
     (C.check_time_call, time_buggy_as_shown, False, "warm-up kernels were still running at your first clock reading"),
-    (C.check_time_call, time_divisor_fixed_only, False, "warm-up kernels were still running at your first clock reading"),
-    (C.check_time_call, time_sync_order_fixed_only, False, "divided by 13 calls, but only 10 ran between them"),
-    (C.check_time_call, time_sync_but_warmup_timed, False, "slow first call"),
+    (C.check_time_call, time_sync_order_fixed_only, False, "you timed one block of 10 calls"),
+    (C.check_time_call, time_single_block, False, "you timed one block of 10 calls"),
+    (C.check_time_call, time_single_long_block, False, "you timed one block of 2000 calls"),
+    (C.check_time_call, time_mean_of_blocks, False, "averaged over every timed call"),
+    (C.check_time_call, time_mean_of_unequal_blocks, False, "averaged the blocks' times"),
+    (C.check_time_call, time_slowest_block, False, "slowest block"),
+    (C.check_time_call, time_too_few_blocks, False, "each of your 2 blocks held a slowed kernel"),
+    (C.check_time_call, time_block_total, False, "the time of a whole block"),
     (C.check_time_call, time_no_sync, False, "never waited for the GPU"),
-    (C.check_time_call, time_no_sync_at_end_many_calls, False, "still running at your last clock reading"),
-    (C.check_time_call, time_no_warmup, False, "slow first call"),
-    (C.check_time_call, time_no_warmup_many_calls, False, "slow first call"),
+    (C.check_time_call, time_no_sync_between_blocks, False, "still running at one of your clock readings"),
     (C.check_time_call, time_no_sync_before_start, False, "warm-up kernels were still running at your first"),
+    (C.check_time_call, time_no_sync_at_end, False, "still running at your last clock reading"),
     (C.check_time_call, time_one_call, False, "several calls"),
-    (C.check_time_call, time_total, False, "the time of all 10 timed calls"),
     (C.check_time_call, time_milliseconds, False, "not milliseconds"),
     (C.check_time_call, time_text, False, "not a string"),
     (C.check_time_call, time_hard_coded, False, "not a fixed number"),
@@ -655,7 +671,18 @@ def test_buggy_loop_report_matches_the_notebook_and_a_hand_count():
 
 def test_time_call_hidden_cases_differ():
     cases = nb05._time_call_cases()
-    assert cases[0] == (2e-3, 50e-3, 5e-6) and len({c[0] for c in cases}) == len(cases) >= 3
+    assert cases[0] == (2e-3, 50e-3, 5e-6, 10, 15, 3.0) and len({c[0] for c in cases}) == len(cases) >= 3
+    assert len({c[3] for c in cases}) == len(cases)  # the neighbour strikes at different kernels
+    assert all(c[3] + c[4] <= 40 for c in cases)  # the last of 5 blocks of 10 calls runs clean
+
+
+def test_shared_gpu_slows_exactly_the_stretch():
+    """By hand: kernel 0 takes first_s, kernels 2 and 3 (of 0-4) take 3 x 2 ms, the rest 2 ms."""
+    gpu = nb05._SharedGPU(2e-3, 50e-3, 5e-6, slow_from=2, slow_n=2, slow_x=3.0)
+    for _ in range(5):
+        gpu.launch()
+    gpu.synchronize()
+    assert math.isclose(gpu.clock(), 5e-6 + 50e-3 + 2e-3 + 2 * 6e-3 + 2e-3, rel_tol=1e-12)
 
 
 def test_every_checker_is_covered():

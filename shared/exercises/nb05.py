@@ -1,7 +1,8 @@
 """Exercise checkers for notebook 05 Attention on the GPU (PyTorch).
 
-5.1 predict what a subtly buggy timing loop reports, then fix it (judged from simulated
-GPUs' event logs, ``shared.benchmark.SimulatedGPU``, section 3's and hidden speeds); 5.2 merge
+5.1 predict what a subtly buggy timing loop reports, then write a timer that also survives a
+busy neighbour (judged from simulated GPUs' event logs, ``shared.benchmark.SimulatedGPU`` with
+a stretch of slowed kernels, section 3's and hidden speeds); 5.2 merge
 two partial online-softmax states (split-K, as Flash-Decoding does); 5.3 predict naive
 attention's forward + backward peak, in score matrices, with the ``nan_to_num`` guard's backward
 temporaries (the notebook then measures it), and the bytes its graph saves; 5.4 predict how
@@ -74,16 +75,33 @@ def _number(ans, what: str) -> float:
 
 
 # --------------------------------------------------------------------------------------------
-# 5.1 Time a call correctly: the procedure, read from the simulated GPU's event log
+# 5.1 Time a call correctly on a shared GPU: the procedure, read from the simulated GPU's log
 # --------------------------------------------------------------------------------------------
-def _timing_procedure(gpu: SimulatedGPU) -> tuple[int, float]:
-    """Raise ``_Wrong`` unless the log shows warm-up, a sync before the clock starts, several
-    timed calls and a sync before the clock is read again; return the number of timed calls
-    and the time between the first and the last clock reading. Hints name the symptom."""
+class _SharedGPU(SimulatedGPU):
+    """Section 3's simulated GPU with a busy neighbour: kernels ``slow_from`` to
+    ``slow_from + slow_n - 1`` (0-based launch order) run ``slow_x`` times longer."""
+
+    def __init__(self, kernel_s, first_s, launch_s, slow_from, slow_n, slow_x):
+        super().__init__(kernel_s=kernel_s, first_s=first_s, launch_s=launch_s)
+        self.slow = range(slow_from, slow_from + slow_n)
+        self.slow_x = slow_x
+
+    def launch(self, *args, **kwargs) -> None:
+        self.now += self.launch_s
+        start = max(self.now, self.busy_until)
+        n = self.calls
+        run = self.first_s if n == 0 else self.kernel_s * (self.slow_x if n in self.slow else 1)
+        self.busy_until = start + run
+        self.calls += 1
+        self.log.append(("launch", self.calls))
+
+
+def _timed_blocks(gpu: SimulatedGPU) -> list[tuple[int, float, bool]]:
+    """Raise ``_Wrong`` unless every clock reading found the queue empty; return, per pair of
+    consecutive readings with calls between them, (calls, seconds, holds the first call)."""
     log = gpu.log
     reads = [i for i, e in enumerate(log) if e[0] == "clock"]
-    launches = [i for i, e in enumerate(log) if e[0] == "launch"]
-    if not launches:
+    if not any(e[0] == "launch" for e in log):
         raise _Wrong("time_call never called f")
     if not reads:
         raise _Wrong("read the time with the clock you are given (clock()), not time.perf_counter "
@@ -91,28 +109,29 @@ def _timing_procedure(gpu: SimulatedGPU) -> tuple[int, float]:
                      "the checker's simulated GPU follow along")
     if len(reads) < 2:
         raise _Wrong("read the clock twice, once before and once after the timed calls")
-    first, last = reads[0], reads[-1]
-    if not any(i < first for i in launches):
-        raise _Wrong("the slow first call (allocation, kernel selection) fell inside your timing: "
-                     "no call of f ran before your first clock reading")
-    timed = sum(first < i < last for i in launches)
-    if timed == 0:
-        raise _Wrong("no call of f ran between your two clock readings: nothing was timed")
     if not any(e[0] == "sync" for e in log):
         raise _Wrong("your clock readings never waited for the GPU: f() returns once its kernel "
                      "is queued, so you timed only the launches")
-    if log[last][2]:
+    if log[reads[-1]][2]:
         raise _Wrong("kernels were still running at your last clock reading: the time of the "
                      "last calls never reached your measurement")
-    if log[first][2]:
+    if log[reads[0]][2]:
         raise _Wrong("warm-up kernels were still running at your first clock reading: the rest "
                      "of their time (the slow first call's included) landed in your measurement")
     if any(log[i][2] for i in reads):
-        raise _Wrong("kernels were still running at one of your clock readings")
-    if timed < 2:
-        raise _Wrong("time several calls between the two readings and divide by their number: "
-                     "one call is too short to time reliably on a real machine")
-    return timed, log[last][1] - log[first][1]
+        raise _Wrong("kernels were still running at one of your clock readings: they finished "
+                     "inside the next block's time")
+    blocks = []
+    for a, b in zip(reads, reads[1:], strict=False):
+        calls = [e[1] for e in log[a:b] if e[0] == "launch"]
+        if calls:
+            blocks.append((len(calls), log[b][1] - log[a][1], 1 in calls))
+    if not blocks:
+        raise _Wrong("no call of f ran between two of your clock readings: nothing was timed")
+    if sum(n for n, _, _ in blocks) < 2:
+        raise _Wrong("time several calls and divide by their number: one call is too short to "
+                     "time reliably on a real machine")
+    return blocks
 
 
 def _buggy_loop_ms(kernel_s=2e-3, first_s=50e-3, launch_s=5e-6, warmup=3, repeats=10) -> float:
@@ -168,46 +187,67 @@ def check_buggy_timing_prediction(buggy_prediction_ms):
 
 
 def _time_call_cases():
-    """(kernel_s, first_s, launch_s): section 3's GPU first, then hidden random speeds."""
+    """(kernel_s, first_s, launch_s, slow_from, slow_n, slow_x): section 3's GPU with a neighbour
+    slowing kernels 10-24 x3 first, then hidden speeds and neighbours. Every slowed stretch ends
+    by kernel 40, so with the default 5 blocks of 10 calls at least the last block runs clean."""
     rng = _rng(51)
-    hidden = [(rng.uniform(1e-3, 6e-3), rng.uniform(20e-3, 90e-3), rng.uniform(3e-6, 9e-6))
+    hidden = [(rng.uniform(1e-3, 6e-3), rng.uniform(20e-3, 90e-3), rng.uniform(3e-6, 9e-6),
+               int(rng.integers(4, 16)), int(rng.integers(15, 25)), rng.uniform(3, 5))
               for _ in range(2)]
-    return [(2e-3, 50e-3, 5e-6)] + [tuple(float(x) for x in case) for case in hidden]
+    return [(2e-3, 50e-3, 5e-6, 10, 15, 3.0)] + [
+        (float(k), float(f), float(la), int(s), int(n), float(x)) for k, f, la, s, n, x in hidden]
 
 
 @_checker
 def check_time_call(time_call):
-    """``time_call(f, sync, clock=time.perf_counter)`` -> seconds per call of ``f()``, measured
-    right: a few untimed warm-up calls, ``sync()`` before starting the clock, ``sync()`` before
-    reading it again, the mean over several calls. The checker passes simulated GPUs (section 3's
-    and hidden random speeds); its hints name the symptom, not the fix."""
+    """``time_call(f, sync, clock=time.perf_counter, blocks=5, calls=10)`` -> seconds per call of
+    ``f()`` from the fastest of ``blocks`` blocks of ``calls`` calls, on a GPU shared with a busy
+    neighbour. The checker passes simulated GPUs (section 3's speeds and hidden ones) whose
+    neighbour slows a stretch of consecutive kernels; it reads the procedure from their logs."""
     notes = []
-    for kernel_s, first_s, launch_s in _time_call_cases():
-        gpu = SimulatedGPU(kernel_s=kernel_s, first_s=first_s, launch_s=launch_s)
+    for kernel_s, first_s, launch_s, slow_from, slow_n, slow_x in _time_call_cases():
+        gpu = _SharedGPU(kernel_s, first_s, launch_s, slow_from, slow_n, slow_x)
         ans = _call(time_call, gpu.launch, sync=gpu.synchronize, clock=gpu.clock,
                     name="time_call")
         got = _number(ans, "the seconds per call")
-        timed, span = _timing_procedure(gpu)
-        before = sum(1 for e in gpu.log if e[0] == "launch") - timed  # warm-up calls
-        k = span / timed  # what the readings say, per timed call: about kernel_s
-        if abs(got - k) <= 0.02 * k:
-            notes.append(got)
+        blocks = _timed_blocks(gpu)
+        per_call = [span / n for n, span, _ in blocks]
+        mean = sum(span for _, span, _ in blocks) / sum(n for n, _, _ in blocks)
+
+        def near(value, got=got, tol=0.02):
+            return abs(got - value) <= tol * value
+
+        if near(kernel_s) and len(blocks) >= 2:
+            notes.append((got, mean))
             continue
-        if abs(got - k * 1e3) <= 0.02 * k * 1e3:
+        if near(kernel_s * 1e3):
             raise _Wrong("return seconds, not milliseconds")
-        if abs(got - k * 1e6) <= 0.02 * k * 1e6:
+        if near(kernel_s * 1e6):
             raise _Wrong("return seconds, not microseconds")
-        if abs(got - span) <= 0.02 * span:
-            raise _Wrong(f"you returned {got * 1e3:.2f} ms, the time of all {timed} timed calls: "
-                         "return the time per call")
-        if before and abs(got - span / (timed + before)) <= 0.02 * span / (timed + before):
-            raise _Wrong(f"your result is the time between your readings divided by "
-                         f"{timed + before} calls, but only {timed} ran between them")
-        raise _Wrong(f"the procedure looks right but the result is {got:.6f} s per call; the "
-                     f"simulated kernel takes {kernel_s * 1e3:.2f} ms: compute it from the clock "
-                     "readings, not a fixed number")
-    return (f"{notes[0] * 1e3:.2f} ms per call on section 3's simulated GPU, and right on "
-            f"{len(notes) - 1} hidden ones; warm-up, sync, several calls, sync: all there.")
+        if len(blocks) < 2:
+            raise _Wrong(f"you timed one block of {blocks[0][0]} calls: some of the neighbour's "
+                         "slowed kernels (or the slow first call) ran inside it, and one block "
+                         "leaves nothing to compare it with")
+        if min(per_call) > 1.02 * kernel_s:
+            raise _Wrong(f"each of your {len(blocks)} blocks held a slowed kernel (the slow "
+                         "first call or some of the neighbour's): time more blocks than that")
+        if near(mean):
+            raise _Wrong("you averaged over every timed call, so the neighbour's slowed kernels "
+                         "count in your result; what do the blocks that missed them say?")
+        if near(sum(per_call) / len(per_call)):
+            raise _Wrong("you averaged the blocks' times, so the neighbour's slowed blocks count "
+                         "in your result; what do the blocks that missed them say?")
+        if near(max(per_call)):
+            raise _Wrong("you kept the slowest block: the one the neighbour (or the first call) "
+                         "slowed most")
+        if any(near(span) for _, span, _ in blocks):
+            raise _Wrong("you returned the time of a whole block: return the time per call")
+        raise _Wrong(f"your clock readings are right but the result is {got:.6f} s per call; the "
+                     f"simulated kernel takes {kernel_s * 1e3:.2f} ms when nothing slows it: "
+                     "compute it from the clock readings, not a fixed number")
+    return (f"{notes[0][0] * 1e3:.2f} ms per call on section 3's simulated GPU, where the mean "
+            f"over all your timed calls is {notes[0][1] * 1e3:.2f} ms; right on "
+            f"{len(notes) - 1} hidden GPUs too.")
 
 
 # --------------------------------------------------------------------------------------------

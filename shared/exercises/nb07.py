@@ -562,7 +562,7 @@ def _tied_groups(acc: dict, methods: list) -> list[list[str]]:
 
 
 @_checker
-def check_ranking_prediction(my_ranking, accuracy):
+def check_ranking_prediction(my_ranking, accuracy=None):
     """``my_ranking``: ``{T_train: [...], T_long: [...]}``, the four position methods best first by
     accuracy at the training length and at the longest test length. ``accuracy``: the notebook's
     measured ``{(method, T): float}``. Graded after the measurement: methods whose accuracies differ

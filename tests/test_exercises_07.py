@@ -672,6 +672,8 @@ def test_every_checker_is_covered_three_ways():
             results = [c[1] for c in SLOWED_PAIR_CASES]
         if name == "check_alibi_factor_prediction":
             results = [c[2] for c in FACTOR_CASES]
+        if name == "check_ranking_prediction":
+            results = [c[2] for c in RANKING_CASES]
         assert True in results and None in results, name
         assert results.count(False) >= 2, name
     assert set(CHECKERS) <= set(ex.__all__)
@@ -854,3 +856,49 @@ def test_alibi_factor_is_what_sdpa_does():
         w = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=alibi_bias(8, T, dtype=torch.float64)[:1])[0, 0]
         ratio = w[-1, 1:] / w[-1, :-1]  # last query: key j + 1 (distance D) over key j (distance D + 1)
         torch.testing.assert_close(ratio, torch.full_like(ratio, E_HALF), rtol=1e-12, atol=0)
+
+
+# Section 9's ranking prediction -------------------------------------------------------------------
+# the notebook's measured accuracies (section 9's table), typed in by hand
+MEASURED = {("learned", 21): 0.9996, ("rope", 21): 0.9998, ("alibi", 21): 0.8634, ("none", 21): 0.5617,
+            ("learned", 42): 0.74, ("rope", 42): 0.98, ("alibi", 42): 0.84, ("none", 42): 0.49,
+            ("learned", 84): 0.6012, ("rope", 84): 0.8412, ("alibi", 84): 0.8499, ("none", 84): 0.4588}
+RIGHT_RANKING = {21: ["rope", "learned", "alibi", "none"], 84: ["alibi", "rope", "learned", "none"]}
+RANKING_CASES = [  # (my_ranking, accuracy, expected, phrase)
+    (RIGHT_RANKING, MEASURED, True, "T = 21: learned = rope > alibi > none; T = 84: rope = alibi > learned > none"),
+    ({21: ("learned", "rope", "alibi", "none"), 84: ("rope", "alibi", "learned", "none")}, MEASURED, True, "correct"),
+    ({21: None, 84: None}, MEASURED, None, "the measured ranking is shown once both are filled in"),
+    ({21: RIGHT_RANKING[21], 84: None}, MEASURED, None, "once both are filled in"),
+    ({21: RIGHT_RANKING[21], 84: ["rope", "learned", "alibi", "none"]}, MEASURED, False,
+     "at T = 84 you ranked learned (0.60) above alibi (0.85)"),
+    ({21: ["rope", "alibi", "learned", "none"], 84: RIGHT_RANKING[84]}, MEASURED, False,
+     "at T = 21 you ranked alibi (0.86) above learned (1.00)"),
+    ({21: RIGHT_RANKING[21], 84: ["alibi", "rope", "none", "learned"]}, MEASURED, False,
+     "at T = 84 you ranked none (0.46) above learned (0.60)"),
+    ({21: ["alibi", "rope", "learned", "none"], 84: ["learned", "rope", "alibi", "none"]}, MEASURED, False,
+     "at T = 21 you ranked alibi (0.86) above rope (1.00); at T = 21 you ranked alibi (0.86) above learned (1.00); "
+     "at T = 84 you ranked learned (0.60) above rope (0.84); at T = 84 you ranked learned (0.60) above alibi (0.85)"),
+    ({21: ["rope", "learned", "alibi"], 84: RIGHT_RANKING[84]}, MEASURED, False, "my_ranking[21] must list each of"),
+    ({21: ["rope", "rope", "alibi", "none"], 84: RIGHT_RANKING[84]}, MEASURED, False, "exactly once"),
+    ({20: RIGHT_RANKING[21], 84: RIGHT_RANKING[84]}, MEASURED, False, "must be a dict with the keys 21 and 84"),
+    (RIGHT_RANKING, None, False, "pass the notebook's measured accuracy dict"),
+]
+
+
+@pytest.mark.parametrize("ranking, accuracy, expected, phrase", RANKING_CASES, ids=[f"case{k}" for k in range(len(RANKING_CASES))])
+def test_ranking_prediction(capsys, ranking, accuracy, expected, phrase):
+    result, out = run(capsys, ex.check_ranking_prediction, ranking, accuracy)
+    assert result.passed is expected, out
+    assert phrase in out, out
+
+
+def test_ranking_ties_chain_and_do_not_leak():
+    """A gap under 0.02 is a tie, and ties chain (0.90, 0.885, 0.87 are one group); a gap of 0.02 or
+    more is an order, whichever way the prediction lists tied methods."""
+    acc = {("a", 5): 0.90, ("b", 5): 0.885, ("c", 5): 0.87, ("d", 5): 0.849,
+           ("a", 20): 0.5, ("b", 20): 0.6, ("c", 20): 0.7, ("d", 20): 0.8}
+    up = {20: ["d", "c", "b", "a"]}
+    for order in (["c", "a", "b", "d"], ["b", "c", "a", "d"]):
+        assert ex.check_ranking_prediction({5: order, **up}, acc).passed is True
+    assert ex.check_ranking_prediction({5: ["d", "a", "b", "c"], **up}, acc).passed is False
+    assert ex.check_ranking_prediction({5: ["a", "b", "c", "d"], 20: ["c", "d", "b", "a"]}, acc).passed is False

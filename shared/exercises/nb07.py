@@ -15,6 +15,7 @@ __all__ = [
     "check_ntk_outcome",
     "check_rope_bug_prediction",
     "check_slowed_pair_prediction",
+    "check_ranking_prediction",
     "check_alibi_factor_prediction",
     "check_catches_bug",
     "check_to_half_split",
@@ -540,6 +541,66 @@ def check_slowed_pair_prediction(my_pair, model, tokens):
                      + _slowed_pair_hint(int(my_pair), far, rope_frequencies(model.head_dim),
                                          T // 4 - 2))
     return f"{shown}. The next cells measure the accuracy too."
+
+
+# --------------------------------------------------------------------------------------------
+# Section 9's prediction: the four position methods ranked by accuracy
+# --------------------------------------------------------------------------------------------
+RANKING_TIE = 0.02  # a gap in accuracy below this counts as a tie, as the notebook says
+
+
+def _tied_groups(acc: dict, methods: list) -> list[list[str]]:
+    """``methods`` ordered best first by ``acc``, in groups: a method within ``RANKING_TIE`` of the
+    last one placed joins its group (tied methods keep the order of ``methods``)."""
+    groups: list[list[str]] = []
+    for m in sorted(methods, key=lambda m: -acc[m]):
+        if groups and acc[groups[-1][-1]] - acc[m] < RANKING_TIE:
+            groups[-1].append(m)
+        else:
+            groups.append([m])
+    return [sorted(g, key=methods.index) for g in groups]
+
+
+@_checker
+def check_ranking_prediction(my_ranking, accuracy=None):
+    """``my_ranking``: ``{T_train: [...], T_long: [...]}``, the four position methods best first by
+    accuracy at the training length and at the longest test length. ``accuracy``: the notebook's
+    measured ``{(method, T): float}``. Graded after the measurement: methods whose accuracies differ
+    by less than 0.02 are tied and may come in either order."""
+    if not isinstance(accuracy, dict) or not accuracy or not all(
+            isinstance(k, tuple) and len(k) == 2 for k in accuracy):
+        raise _Wrong("pass the notebook's measured accuracy dict, {(method, T): float}, as the "
+                     "second argument")
+    methods = list(dict.fromkeys(m for m, _ in accuracy))
+    lengths = (min(T for _, T in accuracy), max(T for _, T in accuracy))
+    if not isinstance(my_ranking, dict) or set(my_ranking) != set(lengths):
+        raise _Wrong(f"my_ranking must be a dict with the keys {lengths[0]} and {lengths[1]}, "
+                     f"each a list of the four methods best first; got {my_ranking!r}")
+    if any(my_ranking[T] is None for T in lengths):
+        raise _NotAttempted(f"rank the four methods at T = {lengths[0]} and at T = {lengths[1]} in "
+                            "my_ranking; the measured ranking is shown once both are filled in")
+    for T in lengths:
+        r = my_ranking[T]
+        if not isinstance(r, (list, tuple)) or sorted(map(str, r)) != sorted(methods) \
+                or len(r) != len(methods):
+            raise _Wrong(f"my_ranking[{T}] must list each of {', '.join(map(repr, methods))} "
+                         f"exactly once; got {r!r}")
+    measured, wrong = {}, []
+    for T in lengths:
+        acc = {m: float(accuracy[m, T]) for m in methods}
+        groups = _tied_groups(acc, methods)
+        measured[T] = " > ".join(" = ".join(g) for g in groups)
+        rank = {m: k for k, g in enumerate(groups) for m in g}
+        r = list(map(str, my_ranking[T]))
+        for a_pos, a in enumerate(r):  # every pair the prediction puts in the wrong order
+            for b in r[a_pos + 1:]:
+                if rank[a] > rank[b]:
+                    wrong.append(f"at T = {T} you ranked {a} ({acc[a]:.2f}) above {b} "
+                                 f"({acc[b]:.2f})")
+    shown = "measured: " + "; ".join(f"T = {T}: {measured[T]}" for T in lengths)
+    if wrong:
+        raise _Wrong(f"{shown} (a gap under {RANKING_TIE} is a tie); " + "; ".join(wrong))
+    return f"{shown} (a gap under {RANKING_TIE} is a tie)"
 
 
 _COURSE_ROPES = ("apply_rope", "rope_half_split", "rope_by_complex", "rope_interleaved",

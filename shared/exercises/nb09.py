@@ -570,8 +570,9 @@ def _minilm_measurements() -> dict:
             "punct": punct, "punct padded": punct_padded, "punct first": _punct_reference(
                 weights[0, :, :, :lengths[0], :lengths[0]], toks[0][:lengths[0]]),
             "uniform head": float(uniform), "change": change,
-            "uniform counts": ([sum(_is_punct(t) for t in toks[b][:n]) for b, n in enumerate(lengths)],
-                               lengths, ids.shape[1]), "change_of": change_of,
+            "uniform counts": ([sum(_is_punct(t) for t in toks[b][:n])
+                                for b, n in enumerate(lengths)], lengths, ids.shape[1]),
+            "change_of": change_of,
             "named": {"highest": [divmod(i, num_heads) for i in order[:10]],
                       "lowest": [divmod(i, num_heads) for i in order[-10:]]}}
 

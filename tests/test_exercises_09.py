@@ -420,7 +420,7 @@ CASES = [
     (C.check_punctuation_guess, ({"best head": 0.15, "uniform head": 5 / 55},), "miss",  # all tokens pooled
      "not the tokens of all six pooled"),
     (C.check_punctuation_guess, ({"best head": 0.15, "uniform head": 0.1125},), "miss",  # sentences without punct. skipped
-     "the two sentences without punctuation at 0"),
+     "the two sentences without punctuation count too"),
     (C.check_punctuation_guess, ({"best head": None, "uniform head": 0.1},), None, "both heads"),
     (C.check_punctuation_guess, ({"best head": 0.9, "uniform head": 0.075},), "miss",
      "best head is too high"),
@@ -555,6 +555,24 @@ PREDICTIONS = [  # (checker, guesses right and wrong); the guesses avoid the mea
     (C.check_carrier_prediction, [0.35, 0.1, 0.8]),
 ]
 
+
+
+UNIFORM_MISTAKES = {  # a typical counting mistake for the uniform head, by hand -> the phrase of its hint
+    5 / 56: "[CLS] and [SEP] count in n",  # 0+1+0+2+2+1 over n - 2 = 6, 8, 4, 14, 14, 8, averaged
+    5 / 55: "not the tokens of all six pooled",  # 6 of 66 tokens
+    6 / 16 / 6: "[PAD] does not",  # every sentence's count over the padded length 16
+    0.1125: "the two sentences without punctuation",  # (1/10 + 2/16 + 2/16 + 1/10) / 4
+}
+
+
+@pytest.mark.parametrize("guess", list(UNIFORM_MISTAKES))
+def test_uniform_guess_hint_names_only_its_mistake(capsys, guess):
+    """Each counting mistake gets the hint that names it, and none of the others' (no recipe)."""
+    result, out = run(capsys, C.check_punctuation_guess, {"best head": 0.15, "uniform head": guess})
+    assert result.passed is True and out.startswith("recorded"), out
+    for other, phrase in UNIFORM_MISTAKES.items():
+        assert (phrase in out) is (other == guess), (guess, phrase, out)
+    assert "count them in toks_s" not in out, out
 
 def test_prediction_checkers_do_not_reveal_the_measurement(capsys):
     """A prediction checker grades the guess but never prints the number measured in the next step:

@@ -314,10 +314,10 @@ def check_punctuation_score(punctuation_score):
         _diagnose(got, [
             ("[CLS], [SEP] and word pieces like '##s' start with a punctuation character but "
              "contain letters: a token is punctuation only when none of its characters is a "
-             "letter or digit (not any(c.isalnum() for c in token))",
+             "letter or digit; you tested the first character only",
              _punct_reference(w, tokens, lambda t: not t[0].isalnum())),
-            ("rows are queries and columns keys: add each query's weights in the punctuation "
-             "COLUMNS (w[..., is_punct].sum(-1)), then average over the queries",
+            ("rows are queries and columns keys: you summed the weights in the punctuation "
+             "ROWS (what punctuation queries give out), not the punctuation columns",
              _punct_reference(w, tokens, keys=False)),
             ("average over the queries (divide by n), so that a head that puts all its weight on "
              "punctuation scores 1", _punct_reference(w, tokens, reduce="sum")),
@@ -569,7 +569,10 @@ def _minilm_measurements() -> dict:
     return {"best head": float(punct.flatten()[best]), "best": divmod(best, num_heads),
             "punct": punct, "punct padded": punct_padded, "punct first": _punct_reference(
                 weights[0, :, :, :lengths[0], :lengths[0]], toks[0][:lengths[0]]),
-            "uniform head": float(uniform), "change": change, "change_of": change_of,
+            "uniform head": float(uniform), "change": change,
+            "uniform counts": ([sum(_is_punct(t) for t in toks[b][:n])
+                                for b, n in enumerate(lengths)], lengths, ids.shape[1]),
+            "change_of": change_of,
             "named": {"highest": [divmod(i, num_heads) for i in order[:10]],
                       "lowest": [divmod(i, num_heads) for i in order[-10:]]}}
 
@@ -621,6 +624,28 @@ def _valid_guess(my_guess) -> bool:
                     and 0 <= my_guess[k] <= 1 for k in _GUESS_KEYS))
 
 
+def _uniform_mistake(guess, punct, real, padded_len):
+    """The hint for a uniform-head guess off by more than 0.01: the counting mistake it matches
+    (each computed from the six sentences' punctuation and real token counts and their padded
+    length), named without the count; the two closest mistakes differ by 0.0016, hence 0.0008."""
+    punct, real = np.array(punct, dtype=float), np.array(real, dtype=float)
+    mistakes = [
+        (np.mean(punct / (real - 2)), 0.0008, "[CLS] and [SEP] count in n: they are real tokens "
+         "a uniform head attends to"),
+        (punct.sum() / real.sum(), 0.0008, "average the six sentences' shares, not the tokens of "
+         "all six pooled"),
+        (np.mean(punct / padded_len), 0.003, "[PAD] does not count in n: the scores use each "
+         "sentence's real tokens only"),
+        (np.mean((punct / real)[punct > 0]), 0.003, "the two sentences without punctuation "
+         "count too, at 0"),
+    ]
+    for value, tol, hint in mistakes:
+        if abs(guess - value) < tol:
+            return "the uniform head is off by more than 0.01: " + hint
+    return ("the uniform head is off by more than 0.01, and it is exact: in each sentence it "
+            "scores the share of punctuation tokens; count them in toks_s")
+
+
 @_prediction_checker
 def check_punctuation_guess(my_guess):
     """``my_guess``: ``{"best head": x, "uniform head": y}``, predicted punctuation scores (0 to 1)
@@ -641,11 +666,7 @@ def check_punctuation_guess(my_guess):
     m = _minilm_measurements()
     hints = []
     if abs(my_guess["uniform head"] - m["uniform head"]) > _UNIFORM_TOL:
-        hints.append("the uniform head is off by more than 0.01, and it can be counted exactly: "
-                     "in each sentence it scores the share of punctuation tokens among its n real "
-                     "tokens ([CLS] and [SEP] count in n, [PAD] does not); then average those six "
-                     "shares, the two sentences without punctuation at 0 (not the tokens of all "
-                     "six pooled)")
+        hints.append(_uniform_mistake(my_guess["uniform head"], *m["uniform counts"]))
     if abs(my_guess["best head"] - m["best head"]) > _GUESS_TOL:
         hints.append("the best head is too high by more than 0.05: no head here comes near the "
                      "[CLS] heads' 0.9" if my_guess["best head"] > m["best head"] else

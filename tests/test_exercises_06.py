@@ -681,6 +681,8 @@ PREV_EQ = lambda x, i, k: k >= 1 and x[k - 1] == x[i]  # noqa: E731 - the defini
 UP_TO_I = lambda i, k: k <= i  # noqa: E731
 DUP_CASES = [
     ("correct", _dup_answer(PREV_EQ, UP_TO_I), OK),
+    ("correct, last query left out (section 3's R)",
+     _dup_answer(lambda x, i, k: i < len(x) - 1 and PREV_EQ(x, i, k), UP_TO_I), OK),
     ("buggy: x_k == x_i, k < i", _dup_answer(lambda x, i, k: x[k] == x[i], lambda i, k: k < i),
      "still the buggy score"),
     ("x_k == x_i, k <= i", _dup_answer(lambda x, i, k: x[k] == x[i], UP_TO_I), "even count the query itself"),
@@ -712,7 +714,7 @@ def test_duplicate_token_bug_measures_the_notebook_model():
     model = notebook_model()
     message = ex.check_duplicate_token_bug(10, DUP_CASES[0][1], model).message
     # a head on key i - 10 is what the bug rewards (1.00); the induction heads score about 0.9 only
-    # under the fixed score (section 6 of the notebook: 0.88 and 0.89 on its own batch)
+    # under the fixed score (with the last query, as this answer counts it)
     assert message.startswith(OK) and "key i - 10 1.00" in message
     assert "layer 1, head 1 0.00 (fixed 0.8" in message
     assert ex.check_duplicate_token_bug(10, stub, model).message.startswith(NA)

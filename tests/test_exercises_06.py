@@ -418,8 +418,11 @@ CASES = [
     (C.check_k_composition, (kc_ok, 1 / 32, KQV, NB), False, "the size of K squared"),
     (C.check_k_composition, (kc_ok, 1 / 16, KQV, NB), False, "the size of a squared score"),
     (C.check_k_composition, (kc_ok, 0.5, KQV, NB), False, "d_head / d is the share"),
-    (C.check_k_composition, (kc_ok, 0.35, KQV, NB), False, "E[(u . v)^2] = 1/n"),
-    (C.check_k_composition, (kc_ok, 0.1, KQV, NB), False, "E[(u . v)^2] = 1/n"),
+    (C.check_k_composition, (kc_ok, 0.35, KQV, NB), False, "expected squared cosine of two random"),
+    (C.check_k_composition, (kc_ok, 0.1, KQV, NB), False, "expected squared cosine of two random"),
+    (C.check_k_composition, (kc_ok, 0, KQV, NB), False, "do not average to 0"),
+    (C.check_k_composition, (kc_ok, 0.0, KQV, NB), False, "do not average to 0"),
+    (C.check_k_composition, (kc_ok, 1 / math.sqrt(16), KQV, NB), False, "your baseline uses d_head"),
     (C.check_k_composition, (kc_ok, 1.5, KQV, NB), False, "lies between 0 and 1"),
     (C.check_k_composition, (kc_ok, "0.18", KQV, NB), False, "baseline should be a number"),
     (C.check_k_composition, (kc_ok, True, KQV, NB), False, "baseline should be a number"),
@@ -719,3 +722,13 @@ def test_duplicate_token_bug_measures_the_notebook_model():
     assert "layer 1, head 1 0.00 (fixed 0.8" in message
     assert ex.check_duplicate_token_bug(10, stub, model).message.startswith(NA)
     assert "pass the notebook's" in ex.check_duplicate_token_bug(10, DUP_CASES[0][1], "model").message
+
+
+@pytest.mark.parametrize("baseline", [0, 0.1, 0.35, 1 / 32, 1 / 16, 0.25, 0.5])
+def test_a_wrong_k_baseline_names_the_mistake_not_the_formula(baseline):
+    """6.3: a wrong random level gets a hint, never the answer 1/sqrt(d) (nor the 1/n it comes from)."""
+    kc_ok = next(args[0] for check, args, passed, _ in CASES
+                 if check is C.check_k_composition and passed is True)
+    message = ex.check_k_composition(kc_ok, baseline, KQV, notebook_model()).message
+    assert not message.startswith(OK)
+    assert all(s not in message for s in ("sqrt(32)", "sqrt(d)", "= 1/n", "1/sqrt", "0.18"))

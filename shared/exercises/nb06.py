@@ -357,8 +357,9 @@ def _check_baseline(baseline, d: int, head_dim: int) -> None:
     if not 0 <= baseline <= 1:
         raise _Wrong(f"baseline: a K score lies between 0 and 1; got {baseline}")
     if baseline == 0:
-        raise _Wrong("baseline 0 is where random overlaps average when they keep their sign; K is a "
-                     "ratio of norms, so it adds up squared overlaps, and those do not average to 0")
+        raise _Wrong("baseline 0 is where random overlaps average when they keep their sign; K "
+                     "is a ratio of norms, so it adds up squared overlaps, and those do not "
+                     "average to 0")
     if 0.9 * ok <= baseline <= 1.14 * ok:
         return
     near = [(abs(baseline - v) <= 0.1 * v, why) for v, why in (

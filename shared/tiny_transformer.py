@@ -215,9 +215,13 @@ def previous_token_score(weights: torch.Tensor) -> torch.Tensor:
     return attention_score(weights, previous_token_mask(weights.shape[-1]).to(weights.device))
 
 
-def induction_score(weights: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+def induction_score(weights: torch.Tensor, tokens: torch.Tensor, *,
+                    predicting_only: bool = False) -> torch.Tensor:
     """Mean attention on "the token after an earlier occurrence of the current token", over the
     queries whose token occurred before (see ``induction_mask``).
+
+    With ``predicting_only=True`` the last query is left out: it predicts no token, so next-token
+    training never shapes its attention.
 
     Shapes: weights ``(B, ..., T, T)`` with tokens ``(B, T)``, or weights ``(..., T, T)`` with
     tokens ``(T,)``. Returns ``weights.shape[:-2]``, e.g. ``(B, layers, heads)``.
@@ -230,6 +234,9 @@ def induction_score(weights: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor
                          f"{tuple(weights.shape)}: expected tokens (B, T) with weights "
                          "(B, ..., T, T), or tokens (T,)")
     target = induction_mask(tokens)  # (*lead, T, T)
+    if predicting_only:
+        predicts = torch.arange(T, device=target.device) < T - 1  # (T,): every query but the last
+        target = target & predicts.unsqueeze(-1)
     extra = weights.ndim - 2 - len(lead)  # e.g. layers, heads
     target = target.reshape(*lead, *([1] * extra), T, T)
     return attention_score(weights, target)
@@ -550,7 +557,8 @@ def adam_step(params, state: dict, lr: float, betas: tuple = (0.9, 0.999),
 def train(model: TinyTransformer, steps: int, *, min_period: int, max_period: int,
           batch_size: int = 64, lr: float = 1e-2, seed: int = 0, seq_len: int | None = None,
           eval_tokens: torch.Tensor | None = None, eval_every: int = 10,
-          prev_up_to: int | None = None, keep_states: bool = False,
+          prev_up_to: int | None = None, predicting_only: bool = False,
+          keep_states: bool = False,
           progress: bool = False) -> dict:
     """Train ``model`` in place on ``repeated_tokens`` batches with Adam (``adam_step``) and a
     cosine learning rate decaying from ``lr`` to 0; return the history.
@@ -571,7 +579,8 @@ def train(model: TinyTransformer, steps: int, *, min_period: int, max_period: in
     ``per_position`` (tensor ``(evals, T - 1)``: the mean loss of predicting token ``t + 1``, as
     ``evaluate`` returns it) and ``previous_token_scores``, ``induction_scores`` (tensors
     ``(evals, layers, heads)``). With ``prev_up_to=n`` the previous-token scores are taken on
-    queries ``1 .. n`` only (default: all queries ``1 .. T - 1``). Evaluating does not touch the
+    queries ``1 .. n`` only (default: all queries ``1 .. T - 1``); ``predicting_only`` is passed
+    to ``induction_score``. Evaluating does not touch the
     training batches' generator. With ``keep_states=True`` the history also holds ``states``: a
     copy of ``model.state_dict()`` at every evaluation (load one into a model of the same shape).
     ``progress=True`` shows a tqdm progress bar (on stderr).
@@ -605,7 +614,8 @@ def train(model: TinyTransformer, steps: int, *, min_period: int, max_period: in
             rows = (torch.arange(T_eval, device=w.device) <= prev_up_to).unsqueeze(1)  # (T, 1)
             prev = attention_score(w, previous_token_mask(T_eval).to(w.device) & rows)
         history["previous_token_scores"].append(prev.mean(dim=0))
-        history["induction_scores"].append(induction_score(w, eval_tokens).mean(dim=0))
+        ind = induction_score(w, eval_tokens, predicting_only=predicting_only)
+        history["induction_scores"].append(ind.mean(dim=0))
         if keep_states:
             history["states"].append({k: v.detach().clone() for k, v in model.state_dict().items()})
 

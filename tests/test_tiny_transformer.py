@@ -167,6 +167,27 @@ def test_induction_score_aligns_tokens_with_the_batch_and_a_perfect_head_scores_
     assert induction_score(perfect, x[0]).item() == pytest.approx(1.0)
 
 
+def test_induction_score_predicting_only_leaves_out_the_last_query():
+    B, T = 4, 12
+    x = repeated_tokens(B, T, 27, 5, generator=torch.Generator().manual_seed(8))
+    w = random_causal_weights((B, 2, T, T), seed=9)
+    got = induction_score(w, x, predicting_only=True)
+    assert got.shape == (B, 2)
+    for b in range(B):
+        target = induction_mask(x[b]).clone()
+        target[T - 1] = False  # the last query predicts nothing
+        for h in range(2):
+            assert got[b, h].item() == pytest.approx(loop_score(w[b, h], target), abs=1e-12)
+    # a head perfect on every query but the last: 1.0 only when the last query is left out
+    perfect = torch.zeros(T, T, dtype=torch.float64)
+    perfect[:, 0] = 1.0
+    for i in range(6, T - 1):
+        perfect[i] = 0.0
+        perfect[i, i - 4] = 1.0  # period 5: the key after the earlier occurrence is i - 4
+    assert induction_score(perfect, x[0], predicting_only=True).item() == pytest.approx(1.0)
+    assert induction_score(perfect, x[0]).item() == pytest.approx(5 / 6)  # queries 6-11, the last on BOS
+
+
 @pytest.mark.parametrize("call, error, match", [
     (lambda: attention_score(torch.eye(3), torch.eye(3)), TypeError, "target must be a boolean"),
     (lambda: attention_score(torch.eye(3), torch.ones(2, 2, dtype=torch.bool)), ValueError,
@@ -367,6 +388,15 @@ def test_train_is_deterministic_restores_threads_and_records_history():
     assert all(torch.equal(s1[k], s2[k]) for k in s1)
     assert h1["eval_step"] == [0, 2, 4, 5]
     assert h1["previous_token_scores"].shape == (4, 2, 3) == h1["induction_scores"].shape
+    only = train(small_model(seed=3), 5, min_period=2, max_period=4, batch_size=4, seed=0,
+                 eval_tokens=x_eval, eval_every=2, predicting_only=True, keep_states=True)
+    for k, state in enumerate(only["states"]):  # the scores of the weights saved at each evaluation
+        net = small_model(seed=3)
+        net.load_state_dict(state)
+        with torch.no_grad():
+            w = net(x_eval, return_weights=True)[1]
+        assert torch.allclose(only["induction_scores"][k],
+                              induction_score(w, x_eval, predicting_only=True).mean(dim=0), atol=1e-6)
     assert len(h1["repeat_loss"]) == len(h1["first_loss"]) == len(h1["repeat_accuracy"]) == 4
     assert h1["per_position"].shape == (4, 8)  # (evals, T - 1)
     with torch.no_grad():  # model: the last run's, after its 5 steps; its loss per position by hand

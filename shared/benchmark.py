@@ -37,6 +37,7 @@ __all__ = [
     "best_times_ms",
     "timing_ways_ms",
     "minor_page_faults",
+    "new_tensors_of_shape",
     "sdpa_backend_calls",
     "attention_flops",
     "gflops",
@@ -262,6 +263,29 @@ def minor_page_faults(fn: Callable[[], object], calls: int = 3) -> float | None:
     for _ in range(calls):
         fn()
     return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / calls
+
+
+def new_tensors_of_shape(fn: Callable[[], object], shape: tuple[int, ...]) -> list[str]:
+    """Run ``fn()`` once and return, in order, the names of the torch functions called from Python
+    that returned a tensor of exactly ``shape`` in new memory (not a view of, or an in-place
+    change to, one of their tensor arguments). A fused kernel that keeps such a tensor inside one
+    call (SDPA) is not seen: only what reaches Python is counted."""
+    _check_callable(fn)
+    shape = tuple(int(n) for n in shape)
+    calls: list[str] = []
+
+    class _Recorder(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            inputs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+            if (isinstance(out, torch.Tensor) and tuple(out.shape) == shape
+                    and out.untyped_storage().data_ptr() not in inputs):
+                calls.append(getattr(func, "__name__", str(func)))
+            return out
+
+    with _Recorder():
+        fn()
+    return calls
 
 
 def attention_flops(B: int, H: int, T_q: int, T_k: int, head_dim: int, causal: bool = False) -> int:

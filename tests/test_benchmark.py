@@ -29,6 +29,7 @@ from shared.benchmark import (
     minor_page_faults,
     naive_peak_bytes,
     naive_score_bytes,
+    new_tensors_of_shape,
     numpy_threads,
     op_self_ms,
     operation_count,
@@ -518,3 +519,23 @@ def test_quiet_stderr_silences_file_descriptor_2_and_restores_it(capfd):
         os.write(2, b"hidden C++ line\n")
     os.write(2, b"shown after\n")
     assert capfd.readouterr().err == "shown after\n"
+
+
+def test_new_tensors_of_shape_counts_new_memory_only():
+    x = torch.randn(2, 3, 4, 4)
+
+    def chain():
+        y = x / 2.0  # new (2, 3, 4, 4): counted
+        y.mul_(3.0)  # in place: not counted
+        z = y.transpose(-2, -1)  # a view: not counted
+        w = torch.softmax(z, dim=-1)  # new: counted
+        return w.sum(dim=-1)  # another shape: not counted
+
+    assert new_tensors_of_shape(chain, (2, 3, 4, 4)) == ["div", "softmax"]
+    assert new_tensors_of_shape(chain, (2, 3, 4)) == ["sum"]
+    assert new_tensors_of_shape(lambda: x + 0, (1, 1)) == []
+
+
+def test_new_tensors_of_shape_rejects_a_non_callable():
+    with pytest.raises(TypeError):
+        new_tensors_of_shape(torch.zeros(3), (3,))

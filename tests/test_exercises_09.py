@@ -576,8 +576,8 @@ def test_uniform_guess_hint_names_only_its_mistake(capsys, guess):
 
 def test_prediction_checkers_do_not_reveal_the_measurement(capsys):
     """A prediction checker grades the guess but never prints the number measured in the next step:
-    none of the measured values, at 1, 2 or 3 decimals, appears in what it prints. 9.3b's checker,
-    whose measurement (9.3c) is optional, shows it once the guess is graded."""
+    none of the measured values, at 1, 2 or 3 decimals, appears in what it prints. 9.3b's checker
+    shows them only when called again with the learner's checked measurement."""
     m, split = ex.nb09._minilm_measurements(), ex.nb09._split_measurements()
     measured = {
         "check_punctuation_guess": [m["best head"], m["uniform head"]],
@@ -592,13 +592,15 @@ def test_prediction_checkers_do_not_reveal_the_measurement(capsys):
                 for digits in (1, 2, 3) if checker is not C.check_punctuation_guess else (2, 3):
                     shown = f"{value:.{digits}f}"
                     assert shown not in out.replace("0.05", "").replace("0.01", ""), (checker.__name__, shown, out)
-    # 9.3b's checker shows the measured ratio (and both changes) once a guess is graded, hit or miss;
-    # m["change"] is checked against silence_by_hand (no hooks) in the test above
+    # 9.3b's checker shows the measured ratio (and both changes) once the learner's measurement is
+    # checked, hit or miss; m["change"] is checked against silence_by_hand (no hooks) in the test above
     ratio = m["change"]["lowest"] / m["change"]["highest"]
     for guess in (8, 0.5, 3, 40):
         result, out = run(capsys, C.check_silencing_prediction, guess)
+        assert result.passed is True and "Measured" not in out and f"{ratio:.1f}" not in out, out
+        result, out = run(capsys, C.check_silencing_prediction, guess, dict(m["change"]))
         assert result.passed is True, out
-        assert f"Measured: ratio {ratio:.1f}" in out and all(f"{v:.4f}" in out for v in m["change"].values()), out
+        assert f"measured: ratio {ratio:.1f}" in out and all(f"{v:.4f}" in out for v in m["change"].values()), out
     result, out = run(capsys, C.check_silencing_prediction, None)
     assert "Measured" not in out and f"{ratio:.1f}" not in out, out
     # the measuring checkers do show them

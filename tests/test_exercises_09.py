@@ -576,8 +576,8 @@ def test_uniform_guess_hint_names_only_its_mistake(capsys, guess):
 
 def test_prediction_checkers_do_not_reveal_the_measurement(capsys):
     """A prediction checker grades the guess but never prints the number measured in the next step:
-    none of the measured values, at 1, 2 or 3 decimals, appears in what it prints. 9.3b's checker,
-    whose measurement (9.3c) is optional, shows it once the guess is graded."""
+    none of the measured values, at 1, 2 or 3 decimals, appears in what it prints. 9.3b's checker
+    shows them only when called again with the learner's checked measurement."""
     m, split = ex.nb09._minilm_measurements(), ex.nb09._split_measurements()
     measured = {
         "check_punctuation_guess": [m["best head"], m["uniform head"]],
@@ -592,13 +592,15 @@ def test_prediction_checkers_do_not_reveal_the_measurement(capsys):
                 for digits in (1, 2, 3) if checker is not C.check_punctuation_guess else (2, 3):
                     shown = f"{value:.{digits}f}"
                     assert shown not in out.replace("0.05", "").replace("0.01", ""), (checker.__name__, shown, out)
-    # 9.3b's checker shows the measured ratio (and both changes) once a guess is graded, hit or miss;
-    # m["change"] is checked against silence_by_hand (no hooks) in the test above
+    # 9.3b's checker shows the measured ratio (and both changes) once the learner's measurement is
+    # checked, hit or miss; m["change"] is checked against silence_by_hand (no hooks) in the test above
     ratio = m["change"]["lowest"] / m["change"]["highest"]
     for guess in (8, 0.5, 3, 40):
         result, out = run(capsys, C.check_silencing_prediction, guess)
+        assert result.passed is True and "Measured" not in out and f"{ratio:.1f}" not in out, out
+        result, out = run(capsys, C.check_silencing_prediction, guess, dict(m["change"]))
         assert result.passed is True, out
-        assert f"Measured: ratio {ratio:.1f}" in out and all(f"{v:.4f}" in out for v in m["change"].values()), out
+        assert f"measured: ratio {ratio:.1f}" in out and all(f"{v:.4f}" in out for v in m["change"].values()), out
     result, out = run(capsys, C.check_silencing_prediction, None)
     assert "Measured" not in out and f"{ratio:.1f}" not in out, out
     # the measuring checkers do show them
@@ -973,3 +975,45 @@ def test_switch_prediction_counts_from_the_margins():
 def test_switch_prediction_malformed_guess(guess):
     result = grade_switch_prediction(guess, RIGHT, WRONG)
     assert result.passed is False and "whole number from 0 to 7" in result.message
+
+
+# 9.3b: the measurement, with the learner's own forward_without_heads -------------------------
+def _measured(kind):
+    named = random_set_data()[2]  # measured independently of the checker (silence_by_hand)
+    h, lo = named["highest"], named["lowest"]
+    return {"ok": named, "swapped": {"highest": lo, "lowest": h}, "cos": {"highest": 1 - h, "lowest": 1 - lo},
+            "summed": {"highest": 6 * h, "lowest": 6 * lo}, "off": {"highest": 2 * h, "lowest": lo},
+            "list": [h, lo], "blank": None}[kind]
+
+
+MEASURE_CASES = [  # (guess, measurement, forward_without_heads, expected, phrase)
+    (8, "ok", None, True, "You measured: ratio 10."),
+    (8, "ok", silence_hook, True, "compare random sets of 10"),
+    (3, "ok", silence_hook, "miss", "You measured: ratio 10."),
+    (8, "blank", silence_hook, None, "fill in silencing_changes"),
+    (None, "ok", silence_hook, None, "my_silencing_guess"),
+    (8, "off", silence_zero, False, "make it pass 9.3a's check first"),
+    (8, "swapped", silence_hook, False, "highest and lowest sets are swapped"),
+    (8, "cos", silence_hook, False, "the cosine itself; the change is 1 - cos"),
+    (8, "summed", silence_hook, False, "summed 1 - cos over the six sentences"),
+    (8, "off", silence_hook, False, "not the model's changes"),
+    (8, "list", silence_hook, False, "must be a dict"),
+]
+
+
+@pytest.mark.parametrize("guess, kind, fn, expected, phrase", MEASURE_CASES,
+                         ids=[f"{c[0]}-{c[1]}-{getattr(c[2], '__name__', None)}" for c in MEASURE_CASES])
+def test_silencing_measurement(capsys, guess, kind, fn, expected, phrase):
+    """9.3b's second call: the learner's measurement is checked before the ratio is shown."""
+    result, out = run(capsys, ex.check_silencing_prediction, guess, _measured(kind), fn)
+    assert result.passed is (True if expected == "miss" else expected), out
+    assert phrase in out, out
+    assert out.startswith({True: "correct!", False: "not quite:", None: "not attempted yet", "miss": "recorded"}[expected]), out
+    assert ("You measured" in out) is (expected in (True, "miss")), out  # the ratio only after a checked measurement
+
+
+@pytest.mark.parametrize("guess", [8, 3, 40, 0.5])
+def test_silencing_guess_alone_keeps_the_ratio_hidden(capsys, guess):
+    """Graded before the measurement, the guess gets no measured number back."""
+    _, out = run(capsys, ex.check_silencing_prediction, guess)
+    assert "Now measure it" in out and not re.search(r"\d\.\d", out.replace(f"{guess:g}", "")), out

@@ -562,6 +562,16 @@ def _minilm_measurements() -> dict:
     def change_of(heads):
         return float((1 - (embed(list(heads)) * base).sum(-1)).mean())
 
+    def change_with(forward_without_heads, heads):  # the learner's function on the same batch
+        def emb(hs):
+            with torch.no_grad():
+                hidden = _call(forward_without_heads, model, ids.clone(), mask.clone(), list(hs),
+                               name="forward_without_heads")
+            hidden = torch.as_tensor(_arr(hidden, "the hidden states"))
+            return F.normalize(mean_pool(hidden, mask), dim=-1)
+
+        return float((1 - (emb(heads) * emb([])).sum(-1)).mean())
+
     change = {label: float((1 - (embed([divmod(i, num_heads) for i in picked]) * base).sum(-1))
                            .mean())
               for label, picked in (("highest", order[:10]), ("lowest", order[-10:]))}
@@ -572,7 +582,7 @@ def _minilm_measurements() -> dict:
             "uniform head": float(uniform), "change": change,
             "uniform counts": ([sum(_is_punct(t) for t in toks[b][:n])
                                 for b, n in enumerate(lengths)], lengths, ids.shape[1]),
-            "change_of": change_of,
+            "change_of": change_of, "change_with": change_with,
             "named": {"highest": [divmod(i, num_heads) for i in order[:10]],
                       "lowest": [divmod(i, num_heads) for i in order[-10:]]}}
 
@@ -587,8 +597,8 @@ def _prediction_checker(body):
     quite" (``_Wrong``), a guess the measurement bears out "correct!". A guess that misses is no
     mistake: the body raises ``_Missed(line)`` and the check passes (the prediction was made) with
     ``line``, which starts with "recorded:", never with "correct!" or "not quite". Neither says the
-    measured number where a later step of the exercise measures it (9.2, 9.4); 9.3b's body adds it,
-    since its measurement is optional (9.3c)."""
+    measured number where a later step of the exercise measures it (9.2, 9.4); 9.3b's second call
+    adds it once the learner's own measurement is checked."""
     missed = []
 
     def guarded(*args, **kwargs):
@@ -754,13 +764,51 @@ def _one_of(answer, name: str, options: tuple) -> None:
 _RATIO_FACTOR = 2.0  # a guessed ratio within a factor of 2 of the measured one is borne out
 
 
+_UNSET = object()  # check_silencing_prediction called without a measurement: grade the guess only
+
+
+def _changes_of(changes, name: str) -> dict:
+    """``{"highest": x, "lowest": y}`` -> floats, or a hint naming what arrived instead."""
+    if not isinstance(changes, dict) or set(changes) != {"highest", "lowest"}:
+        raise _Wrong(f'{name} must be a dict {{"highest": x, "lowest": y}}; got {changes!r}')
+    if any(v is None for v in changes.values()):
+        raise _NotAttempted(f"fill in both changes of {name}")
+    try:
+        return {k: float(v) for k, v in changes.items()}
+    except (TypeError, ValueError):
+        raise _Wrong(f"each change in {name} is one number, the mean of 1 - cos over the six "
+                     f"sentences; got {changes!r}") from None
+
+
+def _measurement_hint(got: dict, ref: dict) -> str:
+    """The mistake that explains a wrong (highest, lowest) pair of changes, or a plain pointer."""
+    def near(a, b):
+        return abs(a - b) <= 1e-4 + 0.01 * abs(b)
+
+    g, r = (got["highest"], got["lowest"]), (ref["highest"], ref["lowest"])
+    for hint, expected in (
+            ("your highest and lowest sets are swapped: argsort(descending=True)[:10] of the [CLS] "
+             "scores gives the 10 highest", r[::-1]),
+            ("that is the cosine itself; the change is 1 - cos", (1 - r[0], 1 - r[1])),
+            ("you summed 1 - cos over the six sentences; take the mean", (6 * r[0], 6 * r[1]))):
+        if near(g[0], expected[0]) and near(g[1], expected[1]):
+            return hint
+    return ("those are not the model's changes: silence the 10 heads with the highest and the 10 "
+            "with the lowest scores['[CLS]'] (section 7), and compare each sentence's unit-length "
+            "mean-pooled embedding (mask_s) with its clean one")
+
+
 @_prediction_checker
-def check_silencing_prediction(my_silencing_guess):
+def check_silencing_prediction(my_silencing_guess, silencing_changes=_UNSET,
+                               forward_without_heads=None):
     """``my_silencing_guess``: a positive number, how many times more the 10 lowest-[CLS] heads
     change the six sentence embeddings (mean 1 - cos) than the 10 highest-[CLS] heads when
     silenced, change(lowest) / change(highest). Borne out within a factor of 2 of the model's
-    ratio. Once a guess is graded (borne out or missed), the line ends with the measured ratio and
-    the two changes, so the learner sees the measurement right after committing to a number."""
+    ratio. Called with the guess alone, it grades it without saying the measured ratio. Called
+    again with ``silencing_changes`` ``{"highest": x, "lowest": y}``, the learner's measurement
+    with their ``forward_without_heads`` of 9.3a (re-run here on the two sets to tell a wrong
+    function from a wrong measurement), it checks the measurement against the model's and only
+    then shows the ratio next to the guess."""
     if my_silencing_guess is None:
         raise _NotAttempted("write a number in my_silencing_guess; it is graded once it is "
                             "filled in")
@@ -770,11 +818,29 @@ def check_silencing_prediction(my_silencing_guess):
     if not my_silencing_guess > 0:
         raise _Wrong(f"my_silencing_guess is {my_silencing_guess!r}: a ratio of two changes "
                      "(mean 1 - cos, never negative) is positive")
-    change = _minilm_measurements()["change"]
+    meas = _minilm_measurements()
+    change = meas["change"]
+    measured = ""
+    if silencing_changes is not _UNSET:
+        if silencing_changes is None:
+            raise _NotAttempted('fill in silencing_changes, {"highest": x, "lowest": y}, measured '
+                                "with your forward_without_heads; the ratio is shown once it is")
+        got = _changes_of(silencing_changes, "silencing_changes")
+        if any(abs(got[k] - change[k]) > 1e-4 + 0.01 * change[k] for k in change):
+            if forward_without_heads is not None:  # a wrong function, or a wrong measurement?
+                theirs = {label: meas["change_with"](forward_without_heads, heads)
+                          for label, heads in meas["named"].items()}
+                if any(abs(theirs[k] - change[k]) > 1e-4 + 0.01 * change[k] for k in change):
+                    raise _Wrong("your forward_without_heads does not silence the heads as the "
+                                 "mean-ablated model does: make it pass 9.3a's check first")
+            raise _Wrong(_measurement_hint(got, change))
+        measured = (f" You measured: ratio {got['lowest'] / got['highest']:.1f} (mean 1 - cos "
+                    f"{got['lowest']:.4f} with the lowest set silenced, {got['highest']:.4f} with "
+                    "the highest).")
+    else:
+        measured = " Now measure it (next cell)."
     ratio = change["lowest"] / change["highest"]
     guess = float(my_silencing_guess)
-    measured = (f" Measured: ratio {ratio:.1f} (mean 1 - cos {change['lowest']:.4f} with the "
-                f"lowest set silenced, {change['highest']:.4f} with the highest).")
     if guess < 1:
         raise _Missed(f"recorded: you guessed {guess:g}, the highest-[CLS] set mattering more. "
                       "What closes the gap: the lowest-[CLS] set changes the embeddings more, "
@@ -788,9 +854,10 @@ def check_silencing_prediction(my_silencing_guess):
         raise _Missed(f"recorded: you guessed {guess:g}; the measured ratio is less than half "
                       "that. What closes the gap: the [CLS]-heavy heads still pass on "
                       "something." + measured)
-    return (f"you guessed {guess:g}, within a factor of 2 of the measured ratio." + measured
-            + " But the two sets come from different layers: before concluding, compare random "
-            "sets of 10 (9.3c), or heads of the same layers.")
+    tail = "" if silencing_changes is _UNSET else (
+        " But the two sets come from different layers: before concluding, compare random sets of "
+        "10 (9.3c), or heads of the same layers.")
+    return f"you guessed {guess:g}, within a factor of 2 of the measured ratio." + measured + tail
 
 
 _PCT_TOL = 10  # a guessed percentile within 10 points of the learner's measured one is borne out

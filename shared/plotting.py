@@ -646,7 +646,8 @@ def plot_error_dots(errors: dict, xlabel: str, title: str, unit: str = "%"):
 def plot_memory_hierarchy(n_tiles: int = 4, hbm=("40 GB", "1.5 TB/s"), sram=("20 MB", "19 TB/s")):
     """Schematic of a GPU's memory: Q, K, V and O in HBM (each cut into ``n_tiles`` blocks of
     rows), one query block ``Q_i`` and its accumulator ``O_i`` kept in on-chip SRAM while the
-    tiles ``K_j``, ``V_j`` stream through. ``hbm``, ``sram``: (capacity, bandwidth) strings,
+    tiles ``K_j``, ``V_j`` stream through: FlashAttention-2's loop order (FlashAttention-1 keeps
+    ``K_j``, ``V_j`` and streams ``Q_i``, ``O_i``). ``hbm``, ``sram``: (capacity, bandwidth) strings,
     by default an A100's from FlashAttention's Figure 1 (Dao et al. 2022). Returns the axes."""
     from matplotlib.patches import FancyArrowPatch, Rectangle
 
@@ -681,7 +682,7 @@ def plot_memory_hierarchy(n_tiles: int = 4, hbm=("40 GB", "1.5 TB/s"), sram=("20
                                      color="0.3"))
         ax.text((start[0] + end[0]) / 2 + 0.1, 2.1, label, fontsize=8, color="0.3")
     ax.set(xlim=(-0.1, 10.1), ylim=(-0.4, 4.9),
-           title="A query block stays on chip; K and V tiles stream through")
+           title="FlashAttention-2: a query block stays on chip; K and V tiles stream through")
     ax.axis("off")
     fig.tight_layout()
     return ax

@@ -446,6 +446,7 @@ def test_plot_memory_hierarchy_keeps_q_on_chip_and_streams_every_kv_tile():
     ax = plot_memory_hierarchy(n_tiles=5, hbm=("40 GB", "1.5 TB/s"), sram=("20 MB", "19 TB/s"))
     texts = " ".join(t.get_text() for t in ax.texts)
     assert "40 GB, 1.5 TB/s" in texts and "20 MB, 19 TB/s" in texts
+    assert ax.get_title().startswith("FlashAttention-2:")  # FlashAttention-1's loop runs the other way
     boxes = {p.get_gid(): p for p in ax.patches if p.get_gid()}
     assert sum(gid.startswith("K") and gid[1:].isdigit() for gid in boxes) == 5
     sram = boxes["SRAM"].get_bbox()

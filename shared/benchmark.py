@@ -722,10 +722,17 @@ class SimulatedGPU:
     the kernels queued before it have finished. ``synchronize()`` waits (moves the clock on) until
     the queue is empty; ``clock()`` reads the host's time. ``log`` records every event in order:
     ``("launch", n)`` for the n-th launch, ``("sync",)`` and ``("clock", t, busy)`` with
-    ``busy`` True when unfinished kernels were queued at that read."""
+    ``busy`` True when unfinished kernels were queued at that read.
 
-    def __init__(self, kernel_s: float = 2e-3, first_s: float = 50e-3, launch_s: float = 5e-6):
+    A busy neighbour: the kernels numbered in ``slow_calls`` (0-based launch order, e.g.
+    ``range(10, 25)``) run ``slow_x`` times longer than ``kernel_s``."""
+
+    def __init__(self, kernel_s: float = 2e-3, first_s: float = 50e-3, launch_s: float = 5e-6,
+                 slow_calls=range(0), slow_x: float = 1.0):
+        if not slow_x > 0:
+            raise ValueError(f"slow_x must be a factor > 0, got {slow_x!r}")
         self.kernel_s, self.first_s, self.launch_s = kernel_s, first_s, launch_s
+        self.slow_calls, self.slow_x = slow_calls, slow_x
         self.now = 0.0
         self.busy_until = 0.0
         self.calls = 0
@@ -739,7 +746,8 @@ class SimulatedGPU:
     def launch(self, *args, **kwargs) -> None:
         self.now += self.launch_s
         start = max(self.now, self.busy_until)
-        self.busy_until = start + (self.first_s if self.calls == 0 else self.kernel_s)
+        slow = self.slow_x if self.calls in self.slow_calls else 1.0
+        self.busy_until = start + (self.first_s if self.calls == 0 else self.kernel_s * slow)
         self.calls += 1
         self.log.append(("launch", self.calls))
 

@@ -12,8 +12,9 @@ that enlarges context vectors crowded near the centroid).
 
 Two small helpers for the measured plots of notebook 05: ``log_ticks`` (a log axis labelled with
 plain numbers) and ``label_points`` (name labels for dots, kept apart where dots share an x); and
-its five figures, so that its cells show attention code, not matplotlib: ``plot_online_softmax``,
-``plot_error_dots``, ``plot_memory_hierarchy``, ``plot_block_sweep`` and ``plot_times_by_length``.
+its six figures, so that its cells show attention code, not matplotlib: ``plot_online_softmax``,
+``plot_error_dots``, ``plot_memory_hierarchy``, ``plot_roofline``, ``plot_block_sweep`` and
+``plot_times_by_length``.
 
 One text helper for the measured tables of notebook 07: ``print_table`` (rows of numbers under
 column headers, so that a cell shows the measurement and not the f-strings).
@@ -28,8 +29,7 @@ import seaborn as sns
 __all__ = ["plot_attention", "plot_heads", "plot_bottleneck", "plot_word_links",
            "plot_context_vectors", "zoom_context_vectors", "log_ticks", "label_points",
            "print_table", "plot_online_softmax", "plot_error_dots", "plot_memory_hierarchy",
-           "plot_block_sweep",
-           "plot_times_by_length"]
+           "plot_roofline", "plot_block_sweep", "plot_times_by_length"]
 
 MASKED_COLOR = "#d9d9d9"
 
@@ -646,8 +646,10 @@ def plot_error_dots(errors: dict, xlabel: str, title: str, unit: str = "%"):
 def plot_memory_hierarchy(n_tiles: int = 4, hbm=("40 GB", "1.5 TB/s"), sram=("20 MB", "19 TB/s")):
     """Schematic of a GPU's memory: Q, K, V and O in HBM (each cut into ``n_tiles`` blocks of
     rows), one query block ``Q_i`` and its accumulator ``O_i`` kept in on-chip SRAM while the
-    tiles ``K_j``, ``V_j`` stream through. ``hbm``, ``sram``: (capacity, bandwidth) strings,
-    by default an A100's from FlashAttention's Figure 1 (Dao et al. 2022). Returns the axes."""
+    tiles ``K_j``, ``V_j`` stream through: FlashAttention-2's loop order (FlashAttention-1 keeps
+    ``K_j``, ``V_j`` and streams ``Q_i``, ``O_i``). ``hbm``, ``sram``: (capacity, bandwidth)
+    strings, by default an A100's from FlashAttention's Figure 1 (Dao et al. 2022). Returns the
+    axes."""
     from matplotlib.patches import FancyArrowPatch, Rectangle
 
     if not isinstance(n_tiles, int) or n_tiles < 2:
@@ -681,8 +683,51 @@ def plot_memory_hierarchy(n_tiles: int = 4, hbm=("40 GB", "1.5 TB/s"), sram=("20
                                      color="0.3"))
         ax.text((start[0] + end[0]) / 2 + 0.1, 2.1, label, fontsize=8, color="0.3")
     ax.set(xlim=(-0.1, 10.1), ylim=(-0.4, 4.9),
-           title="A query block stays on chip; K and V tiles stream through")
+           title="FlashAttention-2: a query block stays on chip; K and V tiles stream through")
     ax.axis("off")
+    fig.tight_layout()
+    return ax
+
+
+def plot_roofline(roofs: dict, kernels: dict, title: str = "Roofline (modelled)"):
+    """Log-log roofline: attainable FLOP/s ``min(P, W * I)`` against arithmetic intensity ``I``
+    (FLOP/byte), one line per device, and each kernel as a labelled dot on the first device's roof.
+
+    ``roofs``: ``{device: (peak FLOP/s P, bandwidth bytes/s W)}``, positive numbers; each line's
+    legend entry names its balance point ``P / W``. ``kernels``: ``{label: intensity}``, positive;
+    labels with the same intensity share one dot. Returns the axes."""
+    if not roofs or not kernels:
+        raise ValueError(f"need at least one roof and one kernel, got {len(roofs)} and "
+                         f"{len(kernels)}")
+    for name, pw in roofs.items():
+        if len(pw) != 2 or min(pw) <= 0:
+            raise ValueError(f"roof {name!r} must be (peak FLOP/s, bytes/s), both > 0, got {pw!r}")
+    if min(kernels.values()) <= 0:
+        raise ValueError(f"intensities must be > 0, got {kernels!r}")
+    shared_dot: dict[float, list[str]] = {}
+    for label, intensity in kernels.items():  # one dot per distinct intensity
+        shared_dot.setdefault(round(float(intensity), 6), []).append(label)
+    lo = min(min(shared_dot), min(p / w for p, w in roofs.values())) / 16  # room for a label
+    hi = max(max(shared_dot), max(p / w for p, w in roofs.values())) * 4
+    xs = np.geomspace(lo, hi, 200)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    colours = sns.color_palette("dark", len(roofs))
+    for k, ((name, (peak, bw)), colour) in enumerate(zip(roofs.items(), colours, strict=True)):
+        ax.loglog(xs, np.minimum(peak, bw * xs), color=colour, lw=2 if k == 0 else 1.2,
+                  label=f"{name}: balance {peak / bw:.0f} FLOP/byte")
+    peak, bw = next(iter(roofs.values()))
+    for k, (intensity, labels) in enumerate(sorted(shared_dot.items())):
+        y = min(peak, bw * intensity)
+        ax.plot([intensity], [y], "o", ms=7, color="tab:red", zorder=3, gid=", ".join(labels),
+                label=f"kernel, on the {next(iter(roofs))} roof" if k == 0 else None)
+        ax.annotate("\n".join(labels), (intensity, y), fontsize=8,  # above-left, below-right
+                    xytext=(6, -6) if k % 2 else (-6, 6), textcoords="offset points",
+                    ha="left" if k % 2 else "right", va="top" if k % 2 else "bottom")
+    top = max(p for p, _ in roofs.values())
+    ax.set(xlabel="arithmetic intensity (FLOP/byte, log scale)", ylim=(None, 8 * top),
+           ylabel="attainable FLOP/s (log scale)", xlim=(lo, hi), title=title)
+    ax.grid(alpha=0.3, which="major")
+    ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     return ax
 

@@ -436,6 +436,17 @@ def test_simulated_gpu_is_asynchronous():
     assert gpu.synchronized_clock() == gpu.now
 
 
+
+def test_simulated_gpu_neighbour_slows_exactly_the_named_kernels():
+    """By hand: kernel 0 takes first_s, kernels 2 and 3 (of 0-4) take 3 x 2 ms, the rest 2 ms."""
+    gpu = SimulatedGPU(kernel_s=2e-3, first_s=50e-3, launch_s=5e-6, slow_calls=range(2, 4), slow_x=3.0)
+    for _ in range(5):
+        gpu.launch()
+    gpu.synchronize()
+    assert gpu.clock() == pytest.approx(5e-6 + 50e-3 + 2e-3 + 2 * 6e-3 + 2e-3, rel=1e-12)
+    with pytest.raises(ValueError, match="slow_x must be a factor > 0"):
+        SimulatedGPU(slow_x=0)
+
 def test_bench_smoke_run_writes_markdown_and_survives_oom(tmp_path, monkeypatch):
     """tools/bench.py end to end at tiny sizes; a candidate that runs out of memory is reported
     as OOM (and not retried at longer lengths) instead of ending the run."""

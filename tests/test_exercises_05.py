@@ -678,7 +678,7 @@ def test_time_call_hidden_cases_differ():
 
 def test_shared_gpu_slows_exactly_the_stretch():
     """By hand: kernel 0 takes first_s, kernels 2 and 3 (of 0-4) take 3 x 2 ms, the rest 2 ms."""
-    gpu = nb05._SharedGPU(2e-3, 50e-3, 5e-6, slow_from=2, slow_n=2, slow_x=3.0)
+    gpu = nb05.SimulatedGPU(2e-3, 50e-3, 5e-6, slow_calls=range(2, 4), slow_x=3.0)
     for _ in range(5):
         gpu.launch()
     gpu.synchronize()

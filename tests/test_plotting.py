@@ -446,6 +446,7 @@ def test_plot_memory_hierarchy_keeps_q_on_chip_and_streams_every_kv_tile():
     ax = plot_memory_hierarchy(n_tiles=5, hbm=("40 GB", "1.5 TB/s"), sram=("20 MB", "19 TB/s"))
     texts = " ".join(t.get_text() for t in ax.texts)
     assert "40 GB, 1.5 TB/s" in texts and "20 MB, 19 TB/s" in texts
+    assert ax.get_title().startswith("FlashAttention-2:")  # FlashAttention-1's loop runs the other way
     boxes = {p.get_gid(): p for p in ax.patches if p.get_gid()}
     assert sum(gid.startswith("K") and gid[1:].isdigit() for gid in boxes) == 5
     sram = boxes["SRAM"].get_bbox()
@@ -463,3 +464,20 @@ def test_plot_memory_hierarchy_rejects_a_single_tile():
 
     with pytest.raises(ValueError, match="n_tiles must be an int >= 2, got 1"):
         plot_memory_hierarchy(n_tiles=1)
+
+
+def test_plot_roofline_puts_each_kernel_on_the_first_roof_and_names_balance_points():
+    from shared.plotting import plot_roofline
+
+    ax = plot_roofline({"A": (100.0, 10.0), "B": (40.0, 1.0)}, {"x": 2.0, "y": 2.0, "z": 50.0})
+    lines = [line for line in ax.get_lines() if line.get_gid() is None]
+    roof = dict(zip(lines[0].get_xdata(), lines[0].get_ydata(), strict=True))
+    assert all(abs(y - min(100.0, 10.0 * x)) < 1e-9 * y for x, y in roof.items())  # min(P, W * I)
+    dots = {line.get_gid(): (line.get_xdata()[0], line.get_ydata()[0]) for line in ax.get_lines() if line.get_gid()}
+    assert dots == {"x, y": (2.0, 20.0), "z": (50.0, 100.0)}  # memory-bound below balance 10, flat above
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["A: balance 10 FLOP/byte", "B: balance 40 FLOP/byte", "kernel, on the A roof"]
+    assert ax.get_xscale() == ax.get_yscale() == "log"
+    with pytest.raises(ValueError, match="intensities must be > 0"):
+        plot_roofline({"A": (1.0, 1.0)}, {"x": 0.0})
+    plt.close("all")

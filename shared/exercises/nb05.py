@@ -77,25 +77,6 @@ def _number(ans, what: str) -> float:
 # --------------------------------------------------------------------------------------------
 # 5.1 Time a call correctly on a shared GPU: the procedure, read from the simulated GPU's log
 # --------------------------------------------------------------------------------------------
-class _SharedGPU(SimulatedGPU):
-    """Section 3's simulated GPU with a busy neighbour: kernels ``slow_from`` to
-    ``slow_from + slow_n - 1`` (0-based launch order) run ``slow_x`` times longer."""
-
-    def __init__(self, kernel_s, first_s, launch_s, slow_from, slow_n, slow_x):
-        super().__init__(kernel_s=kernel_s, first_s=first_s, launch_s=launch_s)
-        self.slow = range(slow_from, slow_from + slow_n)
-        self.slow_x = slow_x
-
-    def launch(self, *args, **kwargs) -> None:
-        self.now += self.launch_s
-        start = max(self.now, self.busy_until)
-        n = self.calls
-        run = self.first_s if n == 0 else self.kernel_s * (self.slow_x if n in self.slow else 1)
-        self.busy_until = start + run
-        self.calls += 1
-        self.log.append(("launch", self.calls))
-
-
 def _timed_blocks(gpu: SimulatedGPU) -> list[tuple[int, float, bool]]:
     """Raise ``_Wrong`` unless every clock reading found the queue empty; return, per pair of
     consecutive readings with calls between them, (calls, seconds, holds the first call)."""
@@ -206,7 +187,8 @@ def check_time_call(time_call):
     neighbour slows a stretch of consecutive kernels; it reads the procedure from their logs."""
     notes = []
     for kernel_s, first_s, launch_s, slow_from, slow_n, slow_x in _time_call_cases():
-        gpu = _SharedGPU(kernel_s, first_s, launch_s, slow_from, slow_n, slow_x)
+        slow = range(slow_from, slow_from + slow_n)  # the neighbour's stretch of kernels
+        gpu = SimulatedGPU(kernel_s, first_s, launch_s, slow_calls=slow, slow_x=slow_x)
         ans = _call(time_call, gpu.launch, sync=gpu.synchronize, clock=gpu.clock,
                     name="time_call")
         got = _number(ans, "the seconds per call")

@@ -378,7 +378,7 @@ CASES = [
     # 6.2 (measured: 0.36-0.42 nats worse than one mean, more than 10x the 0.03-nat band: "worse")
     (C.check_position_mean_ablation, (pma_ok, "worse", NB), True, "higher than one mean's"),
     (C.check_position_mean_ablation, (pma_ok, "about equal", NB), False,
-     "Compare the two stand-ins at position 1"),  # a first miss: where to look, not why
+     "what does position 1's mean hold"),  # a first miss: where to look, not why
     (C.check_position_mean_ablation, (pma_ok, " Worse ", NB), True, OK),
     (C.check_position_mean_ablation, (stub, None, None), None, NA),
     (C.check_position_mean_ablation, (stub, "worse", NB), None, NA),
@@ -640,7 +640,7 @@ def test_a_repeated_wrong_prediction_gets_the_mechanism(capsys):
     for call in ("about equal", "better"):
         first = ex.check_position_mean_ablation(pma_ok, call, model).message
         again = ex.check_position_mean_ablation(pma_ok, call, model).message
-        assert "Compare the two stand-ins at position 1" in first and "key 1 stands out" not in first
+        assert "what does position 1's mean hold" in first and "first half" not in first and "key 1 stands out" not in first
         assert "key 1 stands out" in again and "confident wrong guess" in again
         assert ("brings nothing of induction back" in first) is (call == "better")
     capsys.readouterr()

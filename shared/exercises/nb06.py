@@ -289,9 +289,9 @@ def check_position_mean_ablation(position_mean_ablate, prediction, model):
         if truth == "worse":
             if seen == 0:
                 raise _Wrong(f"{head}{why_not_better}. Why worse, by more than {_EQUAL_BAND} "
-                             "nats? Compare the two stand-ins at position 1, then recall where the "
-                             "layer-1 heads rest when no letter matches (section 5, the first "
-                             "half). Run the cell again for the answer")
+                             "nats? Position 1's previous token is BOS in every sequence: what "
+                             "does position 1's mean hold, and what is every other position's "
+                             "mean left with? Run the cell again for the answer")
             raise _Wrong(f"{head}{why_not_better}. At key 1 the previous token is BOS in every "
                          "sequence, so the per-position mean there is almost exactly what the "
                          "head wrote, while keys 2 to 10 get a blur of 26 letters: key 1 stands "

@@ -435,6 +435,41 @@ def mass_truncated(slope, T, distance):  # brute force over at most 10**7 keys: 
     return mass_closed_form(slope, min(T, 10**7), distance)
 
 
+# 7.3 prediction: measured here with apply_rope and hand-written column lists (one head, head_dim 4)
+def _measure_layout_by_hand():
+    from shared.positional import apply_rope
+
+    g = torch.Generator().manual_seed(73)
+    X, W = torch.randn(9, 5, generator=g, dtype=torch.float64), torch.randn(5, 12, generator=g, dtype=torch.float64)
+    pos = torch.arange(9)
+
+    def run_cols(q_cols, k_cols, v_cols, interleaved):
+        q, k, v = X @ W[:, q_cols], X @ W[:, k_cols], X @ W[:, v_cols]
+        S = apply_rope(q, pos, interleaved=interleaved) @ apply_rope(k, pos, interleaved=interleaved).T
+        return S, torch.softmax(S.masked_fill(~torch.ones(9, 9, dtype=torch.bool).tril(), float("-inf")), -1) @ v
+
+    S0, out0 = run_cols([0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], True)
+    S_v, out_v = run_cols([0, 2, 1, 3], [4, 6, 5, 7], [8, 10, 9, 11], False)  # values reordered too
+    S_q, _ = run_cols([0, 2, 1, 3], [4, 5, 6, 7], [8, 9, 10, 11], False)  # only the queries
+    return {"values too: scores change": bool((S_v - S0).abs().max() > 1e-9),
+            "values too: head outputs change": bool((out_v - out0).abs().max() > 1e-9),
+            "only queries: scores change": bool((S_q - S0).abs().max() > 1e-9)}
+
+
+LAYOUT_MEASURED = _measure_layout_by_hand()
+
+
+def test_layout_measured_by_hand_matches_the_derivation():
+    """Hand derivation: values never enter a score; reordered values reorder each head's output;
+    a query paired half-split against an interleaved key changes the score."""
+    assert LAYOUT_MEASURED == {"values too: scores change": False, "values too: head outputs change": True,
+                               "only queries: scores change": True}
+
+
+def _flip_layout(*keys):
+    return {k: (not v if k in keys else v) for k, v in LAYOUT_MEASURED.items()}
+
+
 C = ex
 CASES = [
     (C.check_ntk_base, (ntk_ok,), True, "about 41,800"),
@@ -489,6 +524,19 @@ CASES = [
     (C.check_catches_bug, (catch_nothing,), False, "never called rope_fn"),
     (C.check_catches_bug, (catch_with_apply_rope,), False, "catches_bug calls apply_rope"),
     (C.check_catches_bug, (catch_as_text,), False, "should return True"),
+    (C.check_layout_prediction, (LAYOUT_MEASURED,), True, "So queries and keys move, values stay"),
+    (C.check_layout_prediction, (dict.fromkeys(LAYOUT_MEASURED),), None, NA),
+    (C.check_layout_prediction, ({**LAYOUT_MEASURED, "only queries: scores change": None},), None, "once all are filled in"),
+    (C.check_layout_prediction, (_flip_layout("values too: scores change"),), False,
+     "'values too: scores change' was off: a score is a rotated query times a rotated key"),
+    (C.check_layout_prediction, (_flip_layout("values too: head outputs change"),), False,
+     "'values too: head outputs change' was off: the weights stay the same, but each head's output"),
+    (C.check_layout_prediction, (_flip_layout("only queries: scores change"),), False,
+     "'only queries: scores change' was off: the keys' features are still in the interleaved order"),
+    (C.check_layout_prediction, (_flip_layout(*LAYOUT_MEASURED),), False, "were off"),
+    (C.check_layout_prediction, ({**LAYOUT_MEASURED, "only queries: scores change": "yes"},), False,
+     "write True or False for 'only queries: scores change'"),
+    (C.check_layout_prediction, ({"values": True},), False, "a dict with the keys"),
     (C.check_to_half_split, (fused_ok,), True, "only the query and key columns moved"),
     (C.check_to_half_split, (fused_loop,), True, "max diff < 1e-12"),
     (C.check_to_half_split, (fused_numpy,), True, OK),

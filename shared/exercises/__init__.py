@@ -34,8 +34,8 @@ The exercises, by notebook (the checker names say what they check):
   ``check_fixed_period_shortcut``, ``check_duplicate_token_bug``.
 * 07: ``check_ntk_prediction``, ``check_ntk_base``, ``check_ntk_outcome``,
   ``check_rope_bug_prediction``, ``check_slowed_pair_prediction``, ``check_ranking_prediction``,
-  ``check_alibi_factor_prediction``, ``check_catches_bug``, ``check_to_half_split``,
-  ``check_alibi_mass_beyond``.
+  ``check_alibi_factor_prediction``, ``check_catches_bug``, ``check_layout_prediction``,
+  ``check_to_half_split``, ``check_alibi_mass_beyond``.
 * 08: ``check_llama_step_prediction``, ``check_llama_step_fix``, ``check_ceiling_prediction``,
   ``check_decode_flop_per_byte``, ``check_sink_ring_cache``, ``check_padding_prediction``,
   ``check_left_padding``.

@@ -695,7 +695,8 @@ def plot_roofline(roofs: dict, kernels: dict, title: str = "Roofline (modelled)"
 
     ``roofs``: ``{device: (peak FLOP/s P, bandwidth bytes/s W)}``, positive numbers; each line's
     legend entry names its balance point ``P / W``. ``kernels``: ``{label: intensity}``, positive;
-    labels with the same intensity share one dot. Returns the axes."""
+    labels with the same intensity share one dot and one label (``"a, b: 2 kernels"``). Returns the
+    axes."""
     if not roofs or not kernels:
         raise ValueError(f"need at least one roof and one kernel, got {len(roofs)} and "
                          f"{len(kernels)}")
@@ -707,7 +708,7 @@ def plot_roofline(roofs: dict, kernels: dict, title: str = "Roofline (modelled)"
     shared_dot: dict[float, list[str]] = {}
     for label, intensity in kernels.items():  # one dot per distinct intensity
         shared_dot.setdefault(round(float(intensity), 6), []).append(label)
-    lo = min(min(shared_dot), min(p / w for p, w in roofs.values())) / 16  # room for a label
+    lo = min(min(shared_dot), min(p / w for p, w in roofs.values())) / 100  # room for a label
     hi = max(max(shared_dot), max(p / w for p, w in roofs.values())) * 4
     xs = np.geomspace(lo, hi, 200)
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -720,9 +721,9 @@ def plot_roofline(roofs: dict, kernels: dict, title: str = "Roofline (modelled)"
         y = min(peak, bw * intensity)
         ax.plot([intensity], [y], "o", ms=7, color="tab:red", zorder=3, gid=", ".join(labels),
                 label=f"kernel, on the {next(iter(roofs))} roof" if k == 0 else None)
-        ax.annotate("\n".join(labels), (intensity, y), fontsize=8,  # above-left, below-right
-                    xytext=(6, -6) if k % 2 else (-6, 6), textcoords="offset points",
-                    ha="left" if k % 2 else "right", va="top" if k % 2 else "bottom")
+        text = labels[0] if len(labels) == 1 else f"{', '.join(labels)}: {len(labels)} kernels"
+        ax.annotate(text, (intensity, y), fontsize=8, xytext=(-6, 6),  # above-left, off the roofs
+                    textcoords="offset points", ha="right", va="bottom")
     top = max(p for p, _ in roofs.values())
     ax.set(xlabel="arithmetic intensity (FLOP/byte, log scale)", ylim=(None, 8 * top),
            ylabel="attainable FLOP/s (log scale)", xlim=(lo, hi), title=title)

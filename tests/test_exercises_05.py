@@ -358,6 +358,16 @@ def blocks_two_d(sram_kib, head_dim, dtype):  # only K_j and V_j counted
     return min(B_c, head_dim), B_c
 
 
+def blocks_r_is_d(sram_kib, head_dim, dtype):  # B_r = d even where B_c < d
+    return head_dim, blocks_ok(sram_kib, head_dim, dtype)[1]
+
+
+def blocks_exact(sram_kib, head_dim, dtype):  # Q_i, O_i of B_r = d rows, K_j, V_j fill the rest
+    M = sram_kib * 1024 // dtype.itemsize
+    B_r, B_c = blocks_ok(sram_kib, head_dim, dtype)
+    return (B_r, B_c) if B_c <= head_dim else (head_dim, -(-(M - 2 * head_dim**2) // (2 * head_dim)))
+
+
 def blocks_from_batch_heads(sram_kib, head_dim, dtype):  # the old exercise's idea: B*H tiles
     return 64, 64
 
@@ -588,7 +598,9 @@ CASES = [
     (C.check_flash_block_sizes, blocks_floor, False, "you rounded B_c down, so the four blocks fall short of M"),
     (C.check_flash_block_sizes, blocks_round, False, "for 99 KiB, head_dim 80, torch.float16: you rounded B_c down"),
     (C.check_flash_block_sizes, blocks_kilo, False, "1024 bytes, not 1000"),
-    (C.check_flash_block_sizes, blocks_no_cap, False, "B_r = min(B_c, d)"),
+    (C.check_flash_block_sizes, blocks_no_cap, False, "cap B_r by the head size"),
+    (C.check_flash_block_sizes, blocks_r_is_d, False, "no taller than the key block"),
+    (C.check_flash_block_sizes, blocks_exact, False, "you sized Q_i and O_i with the capped B_r"),
     (C.check_flash_block_sizes, blocks_swapped, False, "the query block first"),
     (C.check_flash_block_sizes, blocks_one_d, False, "four blocks share the SRAM"),
     (C.check_flash_block_sizes, blocks_two_d, False, "not only K_j and V_j"),

@@ -475,6 +475,7 @@ def test_plot_roofline_puts_each_kernel_on_the_first_roof_and_names_balance_poin
     assert all(abs(y - min(100.0, 10.0 * x)) < 1e-9 * y for x, y in roof.items())  # min(P, W * I)
     dots = {line.get_gid(): (line.get_xdata()[0], line.get_ydata()[0]) for line in ax.get_lines() if line.get_gid()}
     assert dots == {"x, y": (2.0, 20.0), "z": (50.0, 100.0)}  # memory-bound below balance 10, flat above
+    assert sorted(t.get_text() for t in ax.texts) == ["x, y: 2 kernels", "z"]  # one label per dot
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert legend == ["A: balance 10 FLOP/byte", "B: balance 40 FLOP/byte", "kernel, on the A roof"]
     assert ax.get_xscale() == ax.get_yscale() == "log"

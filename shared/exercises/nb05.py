@@ -524,6 +524,12 @@ def _flash_blocks(kib, d, e, kib_bytes=1024, rnd=math.ceil, four=4):
     return min(B_c, d), B_c
 
 
+def _flash_blocks_exact(kib, d, e):
+    # a typical misreading: Q_i and O_i sized with the capped B_r rows, K_j and V_j filling the rest
+    B_r, B_c = _flash_blocks(kib, d, e)
+    return (B_r, B_c) if B_c <= d else (d, math.ceil((kib * 1024 // e - 2 * d * d) / (2 * d)))
+
+
 @_checker
 def check_flash_block_prediction(block_prediction):
     """``block_prediction``: ``(B_r factor, B_c factor)``, each the block in float32 divided by the
@@ -563,9 +569,10 @@ def check_flash_block_prediction(block_prediction):
         raise _Wrong("B_r is capped at d, but the cap binds only while B_c is at least d: "
                      "compute B_c at d = 128 in both dtypes and compare it with d")
     if near(f_r, right_c):
-        raise _Wrong("B_r = min(B_c, d) does not simply follow B_c: in float16 at d = 128, "
-                     "which of the two sets B_r?")
-    raise _Wrong("compute both blocks in both dtypes: B_c from M / (4 d), then B_r = min(B_c, d)")
+        raise _Wrong("B_r does not simply follow B_c: in float16 at d = 128, which of its two "
+                     "bounds sets B_r?")
+    raise _Wrong("compute both blocks in both dtypes from M, the SRAM in elements, then compare "
+                 "each with d")
 
 
 @_checker
@@ -600,8 +607,12 @@ def check_flash_block_sizes(flash_block_sizes):
          "to one block", lambda kib, d, e: _flash_blocks(kib, d, e, four=1)),
         ("Q_i and O_i sit in the SRAM too: four blocks of B_c x d share it, not only K_j and "
          "V_j", lambda kib, d, e: _flash_blocks(kib, d, e, four=2)),
-        ("cap the query block by the head size: B_r = min(B_c, d)",
+        ("the query block is at most d rows: cap B_r by the head size",
          lambda kib, d, e: (_flash_blocks(kib, d, e)[1],) * 2),
+        ("the query block is no taller than the key block: B_r reaches d only when B_c does",
+         lambda kib, d, e: (d, _flash_blocks(kib, d, e)[1])),
+        ("Algorithm 1 sizes B_c with all four blocks B_c rows tall, and only then caps B_r at d: "
+         "you sized Q_i and O_i with the capped B_r", _flash_blocks_exact),
         ("return them in the order (B_r, B_c): the query block first",
          lambda kib, d, e: _flash_blocks(kib, d, e)[::-1]),
     )

@@ -695,8 +695,8 @@ def plot_roofline(roofs: dict, kernels: dict, title: str = "Roofline (modelled)"
 
     ``roofs``: ``{device: (peak FLOP/s P, bandwidth bytes/s W)}``, positive numbers; each line's
     legend entry names its balance point ``P / W``. ``kernels``: ``{label: intensity}``, positive;
-    labels with the same intensity share one dot and one label (``"a, b: 2 kernels"``). Returns the
-    axes."""
+    labels with the same intensity share one dot and one label (``"a, b: 2 kernels"``), above-left
+    of it, or below-right where the dot before lies within a factor 4. Returns the axes."""
     if not roofs or not kernels:
         raise ValueError(f"need at least one roof and one kernel, got {len(roofs)} and "
                          f"{len(kernels)}")
@@ -717,13 +717,18 @@ def plot_roofline(roofs: dict, kernels: dict, title: str = "Roofline (modelled)"
         ax.loglog(xs, np.minimum(peak, bw * xs), color=colour, lw=2 if k == 0 else 1.2,
                   label=f"{name}: balance {peak / bw:.0f} FLOP/byte")
     peak, bw = next(iter(roofs.values()))
+    below, previous = False, None
     for k, (intensity, labels) in enumerate(sorted(shared_dot.items())):
         y = min(peak, bw * intensity)
         ax.plot([intensity], [y], "o", ms=7, color="tab:red", zorder=3, gid=", ".join(labels),
                 label=f"kernel, on the {next(iter(roofs))} roof" if k == 0 else None)
         text = labels[0] if len(labels) == 1 else f"{', '.join(labels)}: {len(labels)} kernels"
-        ax.annotate(text, (intensity, y), fontsize=8, xytext=(-6, 6),  # above-left, off the roofs
-                    textcoords="offset points", ha="right", va="bottom")
+        # above-left of the dot, off the roofs; below-right when the dot before is within x4
+        below = previous is not None and intensity < 4 * previous and not below
+        ax.annotate(text, (intensity, y), fontsize=8, xytext=(8, -8) if below else (-6, 6),
+                    textcoords="offset points", ha="left" if below else "right",
+                    va="top" if below else "bottom")
+        previous = intensity
     top = max(p for p, _ in roofs.values())
     ax.set(xlabel="arithmetic intensity (FLOP/byte, log scale)", ylim=(None, 8 * top),
            ylabel="attainable FLOP/s (log scale)", xlim=(lo, hi), title=title)

@@ -1,6 +1,7 @@
 """Notebook 05's GPU-only printing runs on a CPU machine too: the table cell of section 8, fed the
 shapes of results a GPU run produces (lengths up to 8192 on the GPU, CPU references up to 2048),
-must print every row without reaching for a length the CPU table does not have."""
+must print every row without reaching for a length the CPU table does not have. And tools/bench.py
+--flex, whose GPU plan reaches T = 16384, keeps its float64 reference within a 16 GB GPU."""
 
 from __future__ import annotations
 

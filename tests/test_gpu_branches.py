@@ -1,6 +1,7 @@
 """Notebook 05's GPU-only printing runs on a CPU machine too: the table cell of section 8, fed the
 shapes of results a GPU run produces (lengths up to 8192 on the GPU, CPU references up to 2048),
-must print every row without reaching for a length the CPU table does not have."""
+must print every row without reaching for a length the CPU table does not have. And tools/bench.py
+--flex, whose GPU plan reaches T = 16384, keeps its float64 reference within a 16 GB GPU."""
 
 from __future__ import annotations
 
@@ -36,3 +37,56 @@ def test_section8_table_prints_gpu_and_cpu_rows(capsys):
     out = capsys.readouterr().out.splitlines()
     assert sum(line.startswith(("float32", "float16")) for line in out) == len(dtypes) * len(gpu_lengths) + 4
     assert any("naive PyTorch (CPU)" in line for line in out)
+
+
+# --------------------------------------------------------------------------------------------
+# tools/bench.py --flex on a GPU: the float64 reference of the error column
+# --------------------------------------------------------------------------------------------
+def test_flex_bench_reference_equals_whole_sdpa_and_stays_small_under_the_math_backend():
+    """No fused SDPA kernel takes float64, so on CUDA the reference runs the math backend, which
+    holds the whole (B, H, T, T) score matrix: 16 GiB at the GPU plan's T = 16384, more than a T4
+    has. Forced onto the math backend here, the chunked reference gives the same numbers as the
+    whole call and holds a fraction of its memory."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from shared import flex
+    from shared.benchmark import cpu_peak_memory, naive_score_bytes
+    from tools import bench
+
+    T, rows = 512, 32
+    gen = torch.Generator().manual_seed(0)
+    Q, K, V = (torch.randn(1, 8, T, 16, generator=gen, dtype=torch.float16) for _ in range(3))
+    dense = flex.dense_mask(flex.sliding_window(100), T)
+    whole_scores = naive_score_bytes(1, 8, T, T, torch.float64)
+    with sdpa_kernel([SDPBackend.MATH]):
+        whole = lambda: torch.nn.functional.scaled_dot_product_attention(  # noqa: E731
+            Q.double(), K.double(), V.double(), attn_mask=dense)
+        chunked = lambda: bench.float64_reference(Q, K, V, dense, rows=rows)  # noqa: E731
+        torch.testing.assert_close(chunked(), whole(), rtol=0, atol=1e-12)
+        assert cpu_peak_memory(whole) >= whole_scores  # what the old line held
+        assert cpu_peak_memory(chunked) < whole_scores / 2
+
+
+def test_flex_bench_reference_chunks_fit_a_16_gb_gpu_at_the_gpu_plans_longest_length(monkeypatch):
+    """At the GPU plan's longest T, every SDPA call of the reference sees at most
+    REFERENCE_CHUNK_ELEMENTS scores (256 MiB in float64), and the chunks cover every query once.
+    SDPA is replaced by a recorder: the shapes are what matters, not 550 GFLOP of float64."""
+    from tools import bench
+
+    T = max(bench.FLEX_PLANS["gpu"].lengths)
+    calls = []
+
+    def recorder(q, k, v, attn_mask=None):
+        assert q.dtype == k.dtype == v.dtype == torch.float64
+        assert attn_mask.shape == (q.shape[-2], k.shape[-2])
+        calls.append(q.shape[-2])
+        return torch.zeros(q.shape, dtype=torch.float64)
+
+    monkeypatch.setattr(bench.F, "scaled_dot_product_attention", recorder)
+    Q = K = V = torch.zeros(bench.B, bench.H, T, 1, dtype=torch.float16).expand(-1, -1, -1, bench.HEAD_DIM)
+    mask = torch.ones(1, 1, dtype=torch.bool).expand(T, T)
+    out = bench.float64_reference(Q, K, V, mask)
+    assert out.shape == (bench.B, bench.H, T, bench.HEAD_DIM)
+    assert sum(calls) == T
+    assert max(calls) * bench.B * bench.H * T <= bench.REFERENCE_CHUNK_ELEMENTS
+    assert bench.REFERENCE_CHUNK_ELEMENTS * 8 * 2 < 2**30  # scores + softmax in float64: under 1 GiB

@@ -31,6 +31,7 @@ timed on its own, with a fresh compile cache, and kept out of the per-call times
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -446,6 +447,30 @@ def flex_candidates(compiled, Q, K, V, block_mask, dense, causal: bool, eager: b
     return fns
 
 
+# Score elements of one float64 reference chunk: 2^25 x 8 bytes = 256 MiB (twice that at the peak:
+# the scores and their softmax).
+REFERENCE_CHUNK_ELEMENTS = 2**25
+
+
+def float64_reference(Q, K, V, mask, rows: int | None = None) -> torch.Tensor:
+    """``F.scaled_dot_product_attention`` in float64 with the boolean ``mask`` (``(T_q, T_k)``),
+    ``rows`` queries at a time (default: as many as keep one chunk's scores within
+    ``REFERENCE_CHUNK_ELEMENTS``). No fused kernel takes float64, so SDPA runs its math backend,
+    which holds the whole ``(B, H, T_q, T_k)`` score matrix (and its softmax): at B = 1, H = 8,
+    T = 16384 that is 16 GiB each, more than a 16 GB GPU has. Each query row's output depends on
+    that row alone, so chunks of rows give the same result.
+
+    Shapes: Q ``(B, H, T_q, d)``, K and V ``(B, H, T_k, d)``; returns ``(B, H, T_q, d)`` float64."""
+    *batch, T_q, _ = Q.shape
+    T_k = K.shape[-2]
+    if rows is None:
+        rows = max(1, REFERENCE_CHUNK_ELEMENTS // (math.prod(batch) * T_k))
+    K, V = K.double(), V.double()
+    return torch.cat([F.scaled_dot_product_attention(Q[..., q0:q0 + rows, :].double(), K, V,
+                                                     attn_mask=mask[q0:q0 + rows])
+                      for q0 in range(0, T_q, rows)], dim=-2)
+
+
 def run_flex(device: torch.device, plan: FlexPlan) -> dict:
     """Time every candidate for every mask and length; returns rows and the recompile probe."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -481,10 +506,8 @@ def run_flex(device: torch.device, plan: FlexPlan) -> dict:
             compile_s = time.perf_counter() - t0
             fns = flex_candidates(compiled, Q, K, V, block_mask, dense, name == "causal",
                                   T <= plan.eager_max)
-            reference = F.scaled_dot_product_attention(Q.double(), K.double(), V.double(),
-                                                       attn_mask=dense)
-            error = float((compiled(Q, K, V, block_mask=block_mask).double() - reference)
-                          .abs().max())
+            error = float((compiled(Q, K, V, block_mask=block_mask).double()
+                           - float64_reference(Q, K, V, dense)).abs().max())
             medians = interleaved_medians(fns, device, plan.rounds, plan.min_run_time)
             rows.append({"T": T, "mask": name, "sparsity": block_mask.sparsity(),
                          "density": 100 * float(dense.float().mean()), "build_ms": 1e3 * build_s,

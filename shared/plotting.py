@@ -696,7 +696,8 @@ def plot_roofline(roofs: dict, kernels: dict, title: str = "Roofline (modelled)"
     ``roofs``: ``{device: (peak FLOP/s P, bandwidth bytes/s W)}``, positive numbers; each line's
     legend entry names its balance point ``P / W``. ``kernels``: ``{label: intensity}``, positive;
     labels with the same intensity share one dot and one label (``"a, b: 2 kernels"``), above-left
-    of it, or below-right where the dot before lies within a factor 4. Returns the axes."""
+    of it, or below-right where the dot before lies within a factor 4, joined to it by a short
+    line. Returns the axes."""
     if not roofs or not kernels:
         raise ValueError(f"need at least one roof and one kernel, got {len(roofs)} and "
                          f"{len(kernels)}")
@@ -723,11 +724,13 @@ def plot_roofline(roofs: dict, kernels: dict, title: str = "Roofline (modelled)"
         ax.plot([intensity], [y], "o", ms=7, color="tab:red", zorder=3, gid=", ".join(labels),
                 label=f"kernel, on the {next(iter(roofs))} roof" if k == 0 else None)
         text = labels[0] if len(labels) == 1 else f"{', '.join(labels)}: {len(labels)} kernels"
-        # above-left of the dot, off the roofs; below-right when the dot before is within x4
+        # above-left of the dot, off the roofs; below-right when the dot before is within x4;
+        # a short red line joins each label to its own dot
         below = previous is not None and intensity < 4 * previous and not below
-        ax.annotate(text, (intensity, y), fontsize=8, xytext=(8, -8) if below else (-6, 6),
+        ax.annotate(text, (intensity, y), fontsize=8, xytext=(12, -12) if below else (-10, 10),
                     textcoords="offset points", ha="left" if below else "right",
-                    va="top" if below else "bottom")
+                    va="top" if below else "bottom",
+                    arrowprops={"arrowstyle": "-", "color": "tab:red", "lw": 0.8, "shrinkB": 4})
         previous = intensity
     top = max(p for p, _ in roofs.values())
     ax.set(xlabel="arithmetic intensity (FLOP/byte, log scale)", ylim=(None, 8 * top),

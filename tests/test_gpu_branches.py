@@ -1,7 +1,8 @@
-"""Notebook 05's GPU-only printing runs on a CPU machine too: the table cell of section 8, fed the
-shapes of results a GPU run produces (lengths up to 8192 on the GPU, CPU references up to 2048),
-must print every row without reaching for a length the CPU table does not have. And tools/bench.py
---flex, whose GPU plan reaches T = 16384, keeps its float64 reference within a 16 GB GPU."""
+"""GPU-only and MPS-only code runs on a CPU machine too. Notebook 05: each test execs one of the
+notebook's own cells on the data such a device produces (GPU-shaped results, a device without
+float64) or in the order a learner may re-run them, and fails on the cell's old version.
+tools/bench.py --flex, whose GPU plan reaches T = 16384, keeps its float64 reference within a
+16 GB GPU."""
 
 from __future__ import annotations
 
@@ -90,3 +91,43 @@ def test_flex_bench_reference_chunks_fit_a_16_gb_gpu_at_the_gpu_plans_longest_le
     assert sum(calls) == T
     assert max(calls) * bench.B * bench.H * T <= bench.REFERENCE_CHUNK_ELEMENTS
     assert bench.REFERENCE_CHUNK_ELEMENTS * 8 * 2 < 2**30  # scores + softmax in float64: under 1 GiB
+
+
+class _NoFloat64OnDevice(torch.overrides.TorchFunctionMode):
+    """Apple's MPS has no float64: like it, refuse every `.to(float64)` of a tensor."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.to and torch.float64 in (*args[1:], kwargs.get("dtype")):
+            raise TypeError("Cannot convert a MPS Tensor to float64 dtype as the MPS framework doesn't support float64")
+        return func(*args, **kwargs)
+
+
+def test_section1_moves_data_without_float64_on_the_device(capsys):
+    """Section 1's `.to` demonstration runs on MPS, which has no float64 (the old cell asked for it)."""
+    scope = {"torch": torch, "device": torch.device("cpu")}
+    with _NoFloat64OnDevice():
+        exec(compile(_cell("X.to(device) is X"), "nb05-devices", "exec"), scope)  # noqa: S102
+    out = capsys.readouterr().out
+    assert "a new dtype needs a copy): False" in out
+
+
+def test_roofline_figure_unchanged_after_section10_ran():
+    """Re-running section 5's roofline cell after section 10's must draw the same fused pass: the two
+    cells once shared a global `nbytes`, and the re-run plotted FlashAttention-2's bytes as the fused pass's."""
+    from shared.benchmark import attention_bytes, attention_flops
+
+    drawn = []
+
+    class _Plt:
+        @staticmethod
+        def show():
+            pass
+
+    scope = {"torch": torch, "math": __import__("math"), "B": 1, "H": 8, "HEAD_DIM": 64, "attention_flops": attention_flops,
+             "attention_bytes": attention_bytes, "plt": _Plt, "plot_roofline": lambda roofs, kernels, title: drawn.append(kernels)}
+    for marker in ("def unfused_kernels", "def flash_bytes", "fa2_intensity =", "def flash_bytes"):  # 5, roofline, 10, roofline again
+        exec(compile(_cell(marker), "nb05-roofline", "exec"), scope)  # noqa: S102
+    assert len(drawn) == 2
+    assert drawn[1] == drawn[0]
+    assert drawn[0]["fused, one pass"] == 2048.0  # 4 T^2 d FLOPs over 4 T d float16 elements: T / 2

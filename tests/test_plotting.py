@@ -480,6 +480,8 @@ def test_plot_roofline_puts_each_kernel_on_the_first_roof_and_names_balance_poin
     ax = plot_roofline({"A": (100.0, 10.0)}, {"p": 1.0, "q": 2.0, "r": 100.0})  # p, q within x4
     side = {t.get_text(): (t.get_position()[0] > 0, t.get_position()[1] > 0) for t in ax.texts}
     assert side == {"p": (False, True), "q": (True, False), "r": (False, True)}  # q's label moves below-right
+    dots = {line.get_gid(): (line.get_xdata()[0], line.get_ydata()[0]) for line in ax.get_lines() if line.get_gid()}
+    assert all(t.arrow_patch is not None and tuple(t.xy) == dots[t.get_text()] for t in ax.texts)  # each joined to its dot
     plt.close("all")
     ax = plot_roofline({"A": (100.0, 10.0), "B": (40.0, 1.0)}, {"x": 2.0, "y": 2.0, "z": 50.0})
     legend = [t.get_text() for t in ax.get_legend().get_texts()]

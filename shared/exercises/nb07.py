@@ -276,6 +276,16 @@ def _measure_ntk_outcome(model, tokens: torch.Tensor) -> dict:
             "slowed_head": on_previous(slowed), "late": late}
 
 
+def _grade_true_or_false(shown: str, guess: dict, holds: dict, hints: dict) -> None:
+    """Raise ``_Wrong`` with the measurement ``shown`` and the hint of every key of ``hints``
+    whose guessed True/False differs from what ``holds``; return quietly when none does."""
+    off = [k for k in hints if bool(guess[k]) != holds[k]]
+    if off:
+        raise _Wrong(f"{shown}; your {'guess' if len(off) == 1 else 'guesses'} for "
+                     f"{' and '.join(map(repr, off))} {'was' if len(off) == 1 else 'were'} off: "
+                     + "; ".join(hints[k] for k in off))
+
+
 def _true_or_false_each(answer, name: str, keys: tuple, what: str) -> None:
     """A prediction ``{key: True or False}`` with exactly ``keys``: not attempted while any is None,
     else a clear error naming what arrived."""
@@ -323,11 +333,7 @@ def check_ntk_outcome(my_outcome, model, tokens):
              f"the NTK base, {acc['slowed_early']:.2f} with pair 1 slowed 4x; the "
              f"previous-token head puts {r['ntk_head']:.2f} on key i - 1 (queries {r['late']} .. "
              f"{T - 1}) with the NTK base, {r['slowed_head']:.2f} with pair 1 slowed 4x")
-    off = [k for k in NTK_OUTCOME_KEYS if bool(my_outcome[k]) != holds[k]]
-    if off:
-        raise _Wrong(f"{shown}; your {'guess' if len(off) == 1 else 'guesses'} for "
-                     f"{' and '.join(map(repr, off))} {'was' if len(off) == 1 else 'were'} off: "
-                     + "; ".join(_NTK_OUTCOME_HINTS[k] for k in off))
+    _grade_true_or_false(shown, my_outcome, holds, _NTK_OUTCOME_HINTS)
     return (f"{shown}. Pair 1, slowed 1.59x instead of 4x, moves the trained angles less, so "
             "the short range stays sharper; but it still leaves its trained range within the test "
             "length, so the head fails sooner far out than in section 9.")
@@ -930,11 +936,7 @@ def check_layout_prediction(my_layout):
     shown = (f"measured: reordering the values too changes the scores {scores_v} and the head "
              f"outputs by up to {sizes[LAYOUT_KEYS[1]]:.1f}; "
              f"reordering only the queries changes the scores by up to {sizes[LAYOUT_KEYS[2]]:.1f}")
-    off = [k for k in LAYOUT_KEYS if bool(my_layout[k]) != holds[k]]
-    if off:
-        raise _Wrong(f"{shown}; your {'guess' if len(off) == 1 else 'guesses'} for "
-                     f"{' and '.join(map(repr, off))} {'was' if len(off) == 1 else 'were'} off: "
-                     + "; ".join(_LAYOUT_HINTS[k] for k in off))
+    _grade_true_or_false(shown, my_layout, holds, _LAYOUT_HINTS)
     return f"{shown}. So queries and keys move, values stay: now write to_half_split."
 
 

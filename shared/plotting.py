@@ -776,7 +776,8 @@ def plot_block_sweep(blocks, times_ms, causal_ms, sdpa_ms: float, extra_mib, T: 
     return ax, ax_mem
 
 
-_TIME_STYLE = {"NumPy reference": "o-", "naive PyTorch": "s-", "SDPA": "^-", "tiled (flash)": "D--"}
+_TIME_STYLE = {"NumPy reference": "o-", "naive PyTorch": "s-", "SDPA": "^-",
+               "tiled loop (eager)": "D--"}
 
 
 def plot_times_by_length(lengths, panels: dict, extra: dict | None = None,
@@ -801,7 +802,8 @@ def plot_times_by_length(lengths, panels: dict, extra: dict | None = None,
                              sharey=True, squeeze=False)
     for ax, (title, times) in zip(axes[0], panels.items(), strict=True):
         for name, ms in times.items():
-            hollow = name == "tiled (flash)"  # a large hollow marker: visible over a coinciding one
+            # the tiled loop: a large hollow marker, visible over a coinciding one
+            hollow = name == "tiled loop (eager)"
             ax.loglog(lengths, list(ms), _TIME_STYLE.get(name, "o-"), color=colour[name],
                       label=name, base=2, ms=12 if hollow else 6, mfc="none" if hollow else None,
                       mew=1.5 if hollow else None)

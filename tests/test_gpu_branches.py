@@ -23,7 +23,7 @@ def _cell(marker: str) -> str:
 
 
 def test_section8_table_prints_gpu_and_cpu_rows(capsys):
-    names = ["NumPy reference", "naive PyTorch", "SDPA", "tiled (flash)"]
+    names = ["NumPy reference", "naive PyTorch", "SDPA", "tiled loop (eager)"]
     gpu_lengths = [256, 512, 1024, 2048, 4096, 8192]
     dtypes = [torch.float32, torch.float16]
     scope = {

@@ -466,8 +466,8 @@ def test_bench_smoke_run_writes_markdown_and_survives_oom(tmp_path, monkeypatch)
     out = tmp_path / "results.md"
     assert bench.main(["--quick", "--out", str(out)]) == 0
     text = out.read_text(encoding="utf-8")
-    assert "| 32 | no | tiled (flash) | OOM |" in text
-    assert "| 32 | yes | tiled (flash) | OOM at T = 32 |" in text
+    assert "| 32 | no | tiled loop (eager) | OOM |" in text
+    assert "| 32 | yes | tiled loop (eager) | OOM at T = 32 |" in text
     assert "| 16 | no | SDPA |" in text and "| 32 | no | SDPA |" in text
     assert f"num_threads = torch.get_num_threads()` = {torch.get_num_threads()}" in text
     assert "## SDPA backends" in text and "| float32 | yes | no | no | yes | flash |" in text

@@ -1,16 +1,18 @@
-"""Training attention on the CPU: forward + backward of naive attention, SDPA and the course's flash
-autograd function, timed and measured, written to ``benchmarks/results-backward-cpu.md``.
+"""Training attention: forward + backward of naive attention, SDPA and the course's flash autograd
+function, timed and measured on the device :func:`shared.benchmark.pick_device` picks, written to
+``benchmarks/results-backward-<device>.md``.
 
-float32, B = 1, H = 8, head_dim = 64, T = 1024, 2048, 4096, causal and not. One *step* is
+float32, B = 1, H = 8, head_dim = 64, causal and not; T = 1024, 2048, 4096 on a CPU, up to 16384
+on a GPU. One *step* is
 ``torch.autograd.grad(attention(Q, K, V), (Q, K, V), dO)``: the forward pass, then the backward
 pass to the gradients of Q, K and V.
 
 * **time**: median over interleaved rounds (every candidate once per round, in turns, so a busy
   neighbour on a shared machine slows all of them alike) of ``shared.benchmark.time_fn``
   (``torch.utils.benchmark``, with the threads PyTorch uses);
-* **peak**: the most bytes PyTorch's CPU allocator held at once during the step beyond what existed
-  before it (``shared.benchmark.cpu_peak_memory``: the profiler's allocation events), gradients
-  included, inputs and ``dO`` not;
+* **peak**: the most bytes PyTorch's allocator held at once during the step beyond what existed
+  before it (``shared.benchmark.peak_memory``: on a CPU the profiler's allocation events, on CUDA
+  ``torch.cuda.max_memory_allocated``), gradients included, inputs and ``dO`` not;
 * **saved**: the bytes autograd keeps from the forward pass for the backward one, inputs not
   counted (``shared.flash_backward.saved_tensor_bytes``).
 
@@ -31,14 +33,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from shared.benchmark import cpu_peak_memory, interleaved_times
+from shared.benchmark import interleaved_times, machine_info, peak_memory, pick_device
 from shared.flash import DEFAULT_BLOCK_SIZE
 from shared.flash_backward import flash_attention, saved_tensor_bytes
 from shared.modules import naive_attention
 
 ROOT = Path(__file__).resolve().parent.parent
 B, H, HEAD_DIM = 1, 8, 64
-LENGTHS = (1024, 2048, 4096)
+LENGTHS = {"cpu": (1024, 2048, 4096), "gpu": (1024, 2048, 4096, 8192, 16384)}
 CANDIDATES = ("naive", "SDPA", "flash")
 
 
@@ -50,11 +52,13 @@ def attention_fns(causal: bool) -> dict:
     }
 
 
-def measure(T: int, causal: bool, rounds: int, min_run_time: float) -> dict:
-    """``{name: {"seconds", "peak", "saved"}}`` for one length and mask."""
+def measure(T: int, causal: bool, rounds: int, min_run_time: float, device=None) -> dict:
+    """``{name: {"seconds", "peak", "saved"}}`` for one length and mask (default device: CPU)."""
+    device = torch.device(device or "cpu")
     gen = torch.Generator().manual_seed(T)
-    Q, K, V = (torch.randn(B, H, T, HEAD_DIM, generator=gen).requires_grad_() for _ in range(3))
-    dO = torch.randn(B, H, T, HEAD_DIM, generator=gen)
+    Q, K, V = (torch.randn(B, H, T, HEAD_DIM, generator=gen).to(device).requires_grad_()
+               for _ in range(3))
+    dO = torch.randn(B, H, T, HEAD_DIM, generator=gen).to(device)
     results = {}
     steps = {}
     for name, attn in attention_fns(causal).items():
@@ -63,10 +67,10 @@ def measure(T: int, causal: bool, rounds: int, min_run_time: float) -> dict:
 
         steps[name] = step
         results[name] = {
-            "peak": cpu_peak_memory(step),
+            "peak": peak_memory(step, device),
             "saved": saved_tensor_bytes(lambda attn=attn: attn(Q, K, V), exclude=(Q, K, V)),
         }
-    times = interleaved_times(steps, "cpu", rounds=rounds, min_run_time=min_run_time)
+    times = interleaved_times(steps, device, rounds=rounds, min_run_time=min_run_time)
     for name, ts in times.items():
         results[name]["seconds"] = statistics.median(ts)
         results[name]["rounds"] = ts
@@ -87,23 +91,28 @@ def threads_text() -> str:
     return f"{n} torch thread{'s' if n != 1 else ''}"
 
 
-def render(all_results: dict, lengths, rounds: int, elapsed: float) -> str:
+def render(all_results: dict, lengths, rounds: int, elapsed: float, device=None) -> str:
+    device = torch.device(device or "cpu")
+    where = machine_info(device)["gpu"] if device.type == "cuda" else device.type.upper()
+    unit, scale = ("s", 1) if device.type == "cpu" else ("ms", 1e3)  # GPU steps: ms
     lines = [
-        "# Training attention: forward + backward on the CPU",
+        f"# Training attention: forward + backward on the {where}",
         "",
         "Written by `python -m tools.bench_backward`. float32, B = 1, H = 8, head_dim = 64.",
         "One step = forward + backward to dQ, dK, dV.",
         "naive = `shared.modules.naive_attention` under autograd;",
-        "SDPA = `F.scaled_dot_product_attention` (its own fused CPU backward);",
+        "SDPA = `F.scaled_dot_product_attention` (its own fused backward);",
         f"flash = `shared.flash_backward.flash_attention` (block_size = {DEFAULT_BLOCK_SIZE}: the",
         "tiled forward saves O and L, the backward recomputes P tile by tile).",
         f"Time: median of {rounds} interleaved rounds of `torch.utils.benchmark` with",
-        f"{threads_text()}. Peak: most bytes the CPU allocator held during",
-        "the step beyond what existed before (profiler allocation events), gradients included,",
+        f"{threads_text()}. Peak: most bytes the {device.type.upper()} allocator held during",
+        "the step beyond what existed before (CPU: profiler allocation events; CUDA:",
+        "`torch.cuda.max_memory_allocated`), gradients included,",
         "inputs and dO not. Saved: what autograd keeps from the forward pass for the backward",
-        "(inputs not counted). The machine is shared and noisy: expect ±20 % on times.",
+        "(inputs not counted)." + (" The machine is shared and noisy: expect ±20 % on times."
+                                   if device.type == "cpu" else ""),
         "",
-        f"Machine: {platform.machine()}, {threads_text()}, "
+        f"Machine: {platform.machine()}, {threads_text()}, device {device.type}, "
         f"python {platform.python_version()}, torch {torch.__version__}. "
         f"Run took {elapsed / 60:.1f} min.",
         "",
@@ -112,7 +121,7 @@ def render(all_results: dict, lengths, rounds: int, elapsed: float) -> str:
         lines += [
             f"## {'Causal' if causal else 'Not causal'}",
             "",
-            "| T | candidate | time (s) | peak (MiB) | saved (MiB) | flash time / this | "
+            f"| T | candidate | time ({unit}) | peak (MiB) | saved (MiB) | flash time / this | "
             "flash peak / this |",
             "|---:|---|---:|---:|---:|---:|---:|",
         ]
@@ -124,7 +133,8 @@ def render(all_results: dict, lengths, rounds: int, elapsed: float) -> str:
                 t_ratio = flash["seconds"] / r["seconds"]
                 m_ratio = flash["peak"] / r["peak"]
                 lines.append(
-                    f"| {T} | {name} | {r['seconds']:.3f} | {mib(r['peak'])} | {mib(r['saved'])} "
+                    f"| {T} | {name} | {scale * r['seconds']:.3f} | {mib(r['peak'])} "
+                    f"| {mib(r['saved'])} "
                     f"| {t_ratio:.2f} | {ratio(m_ratio)} |"
                 )
         lines.append("")
@@ -156,25 +166,27 @@ def main(argv: list[str] | None = None) -> int:
                         help="torch threads (default: PyTorch's own choice); on a shared, "
                              "oversubscribed machine 1 thread avoids idle waits at every "
                              "parallel region, which penalise many small operations most")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" /
-                        "results-backward-cpu.md")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="default: benchmarks/results-backward-<device>.md")
     args = parser.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    lengths = (64, 128) if args.quick else LENGTHS
+    device = pick_device()
+    out = args.out or ROOT / "benchmarks" / f"results-backward-{device.type}.md"
+    lengths = (64, 128) if args.quick else LENGTHS["cpu" if device.type == "cpu" else "gpu"]
     min_run_time = 0.01 if args.quick else 0.2
     start = time.perf_counter()
     all_results = {}
     for causal in (False, True):
         for T in lengths:
-            all_results[(T, causal)] = res = measure(T, causal, args.rounds, min_run_time)
+            all_results[(T, causal)] = res = measure(T, causal, args.rounds, min_run_time, device)
             print(f"T={T} causal={causal}: " + ", ".join(
                 f"{n} {r['seconds']:.3f} s {mib(r['peak'])} MiB" for n, r in res.items()),
                 file=sys.stderr, flush=True)
-    text = render(all_results, lengths, args.rounds, time.perf_counter() - start)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text, encoding="utf-8")
-    print(f"wrote {args.out}", file=sys.stderr)
+    text = render(all_results, lengths, args.rounds, time.perf_counter() - start, device)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text, encoding="utf-8")
+    print(f"wrote {out}", file=sys.stderr)
     return 0
 
 

@@ -29,7 +29,7 @@ import seaborn as sns
 __all__ = ["plot_attention", "plot_heads", "plot_bottleneck", "plot_word_links",
            "plot_context_vectors", "zoom_context_vectors", "log_ticks", "label_points",
            "print_table", "plot_online_softmax", "plot_error_dots", "plot_memory_hierarchy",
-           "plot_roofline", "plot_block_sweep", "plot_times_by_length"]
+           "plot_roofline", "plot_block_sweep", "plot_times_by_length", "plot_gpu_record"]
 
 MASKED_COLOR = "#d9d9d9"
 
@@ -821,3 +821,45 @@ def plot_times_by_length(lengths, panels: dict, extra: dict | None = None,
     axes[0, -1].legend(*axes[0, 0].get_legend_handles_labels(), fontsize=8, loc="upper left",
                        bbox_to_anchor=(1.02, 1))
     return axes[0]
+
+
+def plot_gpu_record(times: dict, peaks: dict, capacity_mib: float | None = None,
+                    gpu: str = "GPU", memory_label: str = "forward peak memory"):
+    """Two log-log panels of measurements recorded on a GPU; returns the two axes.
+
+    ``times``: ``{label: (lengths, ms per call)}``, drawn left. ``peaks``: ``{label: (lengths,
+    MiB)}``, drawn right; a label ending in ``"(formula)"`` is drawn dotted (an extrapolation, not
+    a measurement). ``capacity_mib``: the card's memory, a grey line on the right panel.
+    ``memory_label`` names the right panel's quantity. Each label's lengths and values must have
+    the same length."""
+    for name, series in (("times", times), ("peaks", peaks)):
+        for label, (xs, ys) in series.items():
+            if len(list(xs)) != len(list(ys)) or not list(xs):
+                raise ValueError(f"{name}[{label!r}]: {len(list(xs))} lengths for "
+                                 f"{len(list(ys))} values (need the same, at least one)")
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.3))
+    colour = {}
+    for ax, series in ((ax_t, times), (ax_m, peaks)):
+        for label, (xs, ys) in series.items():
+            base = label.removesuffix(" (formula)")
+            colour.setdefault(base.split(",")[0], f"C{len(colour)}")
+            dotted = label.endswith("(formula)")
+            style = ":" if dotted else ("o-" if "float16" in label or ax is ax_m else "s--")
+            ax.loglog(list(xs), list(ys), style, color=colour[base.split(",")[0]], label=label,
+                      base=2)
+        log_ticks(ax)
+        ax.set_xlabel("sequence length T")
+        ax.legend(fontsize=8, loc="upper left" if ax is ax_t else "lower right")
+    lengths = sorted({x for xs, _ in times.values() for x in xs})
+    ax_t.set_xticks(lengths, [str(T) for T in lengths])
+    ax_t.set(ylabel="time per call (ms, log scale)", title=f"{gpu}: time per call")
+    if capacity_mib is not None:
+        ax_m.axhline(capacity_mib, color="grey", lw=1)
+        ax_m.text(ax_m.get_xlim()[0] * 1.2, capacity_mib * 1.4, f"the card's memory, "
+                  f"{capacity_mib / 1024:.0f} GiB", fontsize=8, color="dimgrey")
+        ax_m.set_ylim(top=capacity_mib * 6)
+    mem_lengths = sorted({x for xs, _ in peaks.values() for x in xs})
+    ax_m.set_xticks(mem_lengths, [str(T) for T in mem_lengths], rotation=45)
+    ax_m.set(ylabel="MiB (log scale)", title=f"{gpu}: {memory_label}")
+    fig.tight_layout()
+    return ax_t, ax_m

@@ -19,6 +19,7 @@ from shared.plotting import (  # noqa: E402
     plot_block_sweep,
     plot_bottleneck,
     plot_error_dots,
+    plot_gpu_record,
     plot_heads,
     plot_online_softmax,
     plot_times_by_length,
@@ -492,3 +493,21 @@ def test_plot_roofline_puts_each_kernel_on_the_first_roof_and_names_balance_poin
     with pytest.raises(ValueError, match="intensities must be > 0"):
         plot_roofline({"A": (1.0, 1.0)}, {"x": 0.0})
     plt.close("all")
+
+
+def test_plot_gpu_record_dots_the_formula_shares_colours_and_draws_the_card():
+    times = {"SDPA, float32": ([64, 128], [1.0, 3.0]), "SDPA, float16": ([64, 128], [0.5, 1.0])}
+    peaks = {"naive PyTorch": ([64, 128], [3.0, 12.0]), "naive PyTorch (formula)": ([64, 256], [3.0, 48.0])}
+    ax_t, ax_m = plot_gpu_record(times, peaks, capacity_mib=100.0, gpu="G")
+    styles = {line.get_label(): (line.get_linestyle(), line.get_color()) for line in ax_m.get_lines()}
+    assert styles["naive PyTorch (formula)"] == (":", styles["naive PyTorch"][1])  # dotted, same colour
+    colours = {line.get_label(): line.get_color() for line in ax_t.get_lines()}
+    assert colours["SDPA, float32"] == colours["SDPA, float16"]  # one colour per implementation
+    assert any(list(line.get_ydata()) == [100.0, 100.0] for line in ax_m.get_lines())  # the card's line
+    assert ax_m.get_title() == "G: forward peak memory"
+    plt.close("all")
+
+
+def test_plot_gpu_record_names_a_series_whose_lengths_do_not_match():
+    with pytest.raises(ValueError, match=r"peaks\['SDPA'\]: 2 lengths for 1 values"):
+        plot_gpu_record({"SDPA, float16": ([64], [1.0])}, {"SDPA": ([64, 128], [1.0])})

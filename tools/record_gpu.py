@@ -18,7 +18,8 @@ script measures, on the GPU :func:`shared.benchmark.pick_device` picks, the numb
 * ``backends``: at T = 4096, for float32 and float16, the kernel SDPA's default call ran (the
   profiler's operator names) and each backend's time when forced.
 * ``operations``: PyTorch operations per call (``shared.benchmark.operation_count``) of the tile
-  loop at T = 8192 and of naive attention, to divide the loop's time by.
+  loop, naive attention and SDPA at T = 8192, per dtype, to divide the loop's time by.
+* ``meta``: the GPU, its memory (``torch.cuda.get_device_properties``), the versions, the date.
 
     python -m tools.record_gpu            # on a CUDA machine -> data/gpu/<gpu name>.json
     python -m tools.record_gpu --quick    # tiny sizes on any device, to try the script itself
@@ -116,11 +117,11 @@ def record(device, lengths, tiled_max: int, detail_T: int, min_run_time: float) 
         out["backends"][name] = {"T": detail_T, "default ran": default_kernel(Q, K, V),
                                  "forced_ms": forced}
     T_ops = min(tiled_max, lengths[-1])
-    Q, K, V = inputs(T_ops, device, torch.float32)
-    out["operations"] = {"T": T_ops, "tiled loop (eager)": operation_count(
-        lambda: tiled_attention(Q, K, V, block_size=TILE)), "naive PyTorch": operation_count(
-        lambda: naive_attention(Q, K, V)), "SDPA": operation_count(
-        lambda: F.scaled_dot_product_attention(Q, K, V))}
+    out["operations"] = {"T": T_ops}
+    for name, dtype in DTYPES.items():
+        Q, K, V = inputs(T_ops, device, dtype)
+        fns = forward_fns(Q, K, V, tiled=True)
+        out["operations"][name] = {call: operation_count(f) for call, f in fns.items()}
     return out
 
 
@@ -139,7 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         data = record(device, (512, 1024, 2048, 4096, 8192, 16384), tiled_max=8192, detail_T=4096,
                       min_run_time=0.2)
     info = machine_info(device)
-    meta = {"gpu": info["gpu"], "torch": info["torch"], "cuda": torch.version.cuda,
+    cuda = device.type == "cuda"
+    memory = torch.cuda.get_device_properties(device).total_memory if cuda else None
+    meta = {"gpu": info["gpu"], "memory_mib": memory and memory / 2**20, "torch": info["torch"],
+            "cuda": torch.version.cuda,
             "date": datetime.date.today().isoformat(), "written by": "python -m tools.record_gpu",
             "B": B, "H": H, "head_dim": HEAD_DIM, "tile": TILE,
             "seconds": round(time.perf_counter() - start, 1)}

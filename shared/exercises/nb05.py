@@ -2,8 +2,9 @@
 
 5.1 predict what a subtly buggy timing loop reports, then write a timer that also survives a
 busy neighbour (judged from simulated GPUs' event logs, ``shared.benchmark.SimulatedGPU`` with
-a stretch of slowed kernels, section 3's and hidden speeds); 5.2 merge
-two partial online-softmax states (split-K, as Flash-Decoding does); 5.3 predict naive
+a stretch of slowed kernels, section 3's and hidden speeds); 5.2 predict
+how many merges, in how many parallel rounds, reduce 16 partial states to one, then merge two
+partial online-softmax states (split-K, as Flash-Decoding does); 5.3 predict naive
 attention's forward + backward peak, in score matrices, with the ``nan_to_num`` guard's backward
 temporaries (the notebook then measures it), and the bytes its graph saves; 5.4 predict how
 FlashAttention's blocks change from float16 to float32, the block sizes from an SRAM budget, and
@@ -39,6 +40,7 @@ from ._core import (
 __all__ = [
     "check_buggy_timing_prediction",
     "check_time_call",
+    "check_merge_prediction",
     "check_merge_partials",
     "check_training_peak",
     "check_saved_bytes",
@@ -270,6 +272,46 @@ def _merge_cases():
             S[0, :] = -np.inf
         cases.append((_partial(S[:, :b1], V[:b1]), _partial(S[:, b1:], V[b1:]), S, V))
     return cases
+
+
+@_checker
+def check_merge_prediction(merge_prediction):
+    """``merge_prediction = (merges, rounds)``: Flash-Decoding's 16 partial states (one per part
+    of the keys) reduced to one by merges of two states; how many merges, and how many rounds when
+    every merge of a round runs at the same time. The merge is associative and commutative (up to
+    rounding), so a tree does it: 15 merges in 4 rounds."""
+    if merge_prediction is None:
+        raise _NotAttempted("write (merges, rounds) in merge_prediction; the chain and the tree "
+                            "are compared once merge_partials below is right")
+    if not isinstance(merge_prediction, (tuple, list)) or len(merge_prediction) != 2:
+        raise _Wrong(f"write two numbers, (merges, rounds); got {merge_prediction!r:.60}")
+    merges, rounds = (_number(x, "each count") for x in merge_prediction)
+    if merges != int(merges) or rounds != int(rounds) or merges < 0 or rounds < 0:
+        raise _Wrong("merges and rounds are counts: whole numbers, 0 or more")
+    if (merges, rounds) == (4, 15):
+        raise _Wrong("swapped: write the number of merges first, then the rounds")
+    if merges != 15:
+        if merges == 16:
+            raise _Wrong("merges: each merge turns two states into one, so the count of states "
+                         "falls by one per merge: from 16 to 1 is not 16 merges")
+        if merges == 4:
+            raise _Wrong("merges: 4 is the number of rounds of a tree, not of merges; count the "
+                         "merges in each round (8, then 4, 2, 1)")
+        raise _Wrong("merges: each merge takes two states and leaves one; count how many it "
+                     "takes to go from 16 states to 1")
+    if rounds == 15:
+        raise _Wrong("rounds: a chain (merge part 2 into part 1, then part 3, ...) needs 15, but "
+                     "the merge is associative and commutative: merges of disjoint pairs can run "
+                     "at the same time, in a tree")
+    if rounds in (8, 16):
+        raise _Wrong("rounds: one round of pairwise merges halves the number of states "
+                     "(16 -> 8); count the rounds until one is left")
+    if rounds != 4:
+        raise _Wrong("rounds: each round merges disjoint pairs at once and halves the number of "
+                     "states: 16 -> 8 -> 4 -> 2 -> 1")
+    return ("15 merges in 4 rounds: the merge is associative and commutative (up to rounding), so "
+            "Flash-Decoding reduces its parts in a tree, log2(parts) deep. Write merge_partials "
+            "below; the chain and the tree are then compared.")
 
 
 @_checker

@@ -761,7 +761,7 @@ def plot_block_sweep(blocks, times_ms, causal_ms, sdpa_ms: float, extra_mib, T: 
     for b, full, causal in zip(blocks, times_ms, causal_ms, strict=True):  # above the panel
         ax.annotate(f"x{causal / full:.2f}", (b, 1), xycoords=("data", "axes fraction"),
                     xytext=(0, 3), textcoords="offset points", ha="center", va="bottom",
-                    fontsize=8, color="tab:cyan")
+                    fontsize=9, color="tab:cyan")
     ax.axhline(sdpa_ms, color="tab:green", ls="-", lw=1.5, label="SDPA")
     log_ticks(ax)
     ax.set(ylabel="time per call\n(ms, log scale)")

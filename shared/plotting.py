@@ -771,7 +771,7 @@ def plot_block_sweep(blocks, times_ms, causal_ms, sdpa_ms: float, extra_mib, T: 
                   label="tiled_attention")
     ax_mem.set(xlabel="block size b", ylabel="extra memory beyond\nthe output (MiB, log scale)")
     log_ticks(ax_mem)
-    ax_mem.set_xticks(blocks, [f"{b}\n(one tile = naive)" if b == T else str(b) for b in blocks])
+    ax_mem.set_xticks(blocks, [f"{b}\n(one tile)" if b == T else str(b) for b in blocks])
     fig.tight_layout()
     return ax, ax_mem
 
@@ -860,6 +860,6 @@ def plot_gpu_record(times: dict, peaks: dict, capacity_mib: float | None = None,
         ax_m.set_ylim(top=capacity_mib * 6)
     mem_lengths = sorted({x for xs, _ in peaks.values() for x in xs})
     ax_m.set_xticks(mem_lengths, [str(T) for T in mem_lengths], rotation=45)
-    ax_m.set(ylabel="MiB (log scale)", title=f"{gpu}: {memory_label}")
+    ax_m.set(ylabel="peak memory (MiB, log scale)", title=f"{gpu}: {memory_label}")
     fig.tight_layout()
     return ax_t, ax_m

@@ -778,6 +778,9 @@ def plot_block_sweep(blocks, times_ms, causal_ms, sdpa_ms: float, extra_mib, T: 
 
 _TIME_STYLE = {"NumPy reference": "o-", "naive PyTorch": "s-", "SDPA": "^-",
                "tiled loop (eager)": "D--"}
+# one colour per implementation in every figure of notebook 05 (CPU or GPU, timed or recorded)
+IMPLEMENTATION_COLOURS = {"NumPy reference": "C0", "naive PyTorch": "C1", "SDPA": "C2",
+                          "tiled loop (eager)": "C3"}
 
 
 def plot_times_by_length(lengths, panels: dict, extra: dict | None = None,
@@ -797,7 +800,7 @@ def plot_times_by_length(lengths, panels: dict, extra: dict | None = None,
                                  f"{len(lengths)} lengths")
         if reference not in times:
             raise ValueError(f"panel {title!r} has no {reference!r} times for the slope-2 line")
-    colour = {name: f"C{i}" for i, name in enumerate(names)}
+    colour = {name: IMPLEMENTATION_COLOURS.get(name, f"C{4 + i}") for i, name in enumerate(names)}
     fig, axes = plt.subplots(1, len(panels), figsize=(7.5 + 3.5 * (len(panels) - 1), 4.3),
                              sharey=True, squeeze=False)
     for ax, (title, times) in zip(axes[0], panels.items(), strict=True):
@@ -838,7 +841,7 @@ def plot_gpu_record(times: dict, peaks: dict, capacity_mib: float | None = None,
                 raise ValueError(f"{name}[{label!r}]: {len(list(xs))} lengths for "
                                  f"{len(list(ys))} values (need the same, at least one)")
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.3))
-    colour = {}
+    colour = dict(IMPLEMENTATION_COLOURS)  # the implementation is the label's text before a comma
     for ax, series in ((ax_t, times), (ax_m, peaks)):
         for label, (xs, ys) in series.items():
             base = label.removesuffix(" (formula)")

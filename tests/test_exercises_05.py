@@ -533,7 +533,7 @@ CASES = [
     (C.check_time_call, time_perf_counter, False, "clock you are given"),
     (C.check_time_call, time_retry_forever, False, "still running after"),
     # 5.2
-    (C.check_merge_prediction, (15, 4), True, "log2(parts) deep"),
+    (C.check_merge_prediction, (15, 4), True, "in a tree log2(parts) deep"),
     (C.check_merge_prediction, [15.0, 4.0], True, OK),
     (C.check_merge_prediction, None, None, NA),
     (C.check_merge_prediction, (16, 4), False, "not 16 merges"),

@@ -310,8 +310,9 @@ def check_merge_prediction(merge_prediction):
         raise _Wrong("rounds: each round merges disjoint pairs at once and halves the number of "
                      "states: 16 -> 8 -> 4 -> 2 -> 1")
     return ("15 merges in 4 rounds: the merge is associative and commutative (up to rounding), so "
-            "Flash-Decoding reduces its parts in a tree, log2(parts) deep. Write merge_partials "
-            "below; the chain and the tree are then compared.")
+            "the parts can be merged in any order, for instance in a tree log2(parts) deep "
+            "(Flash-Decoding itself rescales and sums all parts in one final pass). Write "
+            "merge_partials below; the chain and the tree are then compared.")
 
 
 @_checker

@@ -2,7 +2,7 @@
 
 Notebook 05 measures on whatever device it runs on; on a CPU it cannot show what a GPU does. This
 script measures, on the GPU :func:`shared.benchmark.pick_device` picks, the numbers 05's section
-"The same measurements on a GPU" draws: B = 1, H = 8, head_dim = 64, not causal.
+10, "The same measurements on an H200", draws: B = 1, H = 8, head_dim = 64, not causal.
 
 * ``forward_ms``: time per call of naive PyTorch (``shared.modules.naive_attention``), SDPA and the
   course's eager tile loop (``shared.flash.tiled_attention``, blocks of 256; up to T = 8192), in

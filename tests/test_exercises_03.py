@@ -135,18 +135,30 @@ def band_by_indices(n, w):  # independent of tril: the condition i - w < j <= i 
     return (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - w)
 
 
+def band_by_loops(n, w):  # the slow way the exercise asks to avoid: still a correct band
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        for j in range(max(0, i - w + 1), i + 1):
+            mask[i, j] = True
+    return mask
+
+
 WRONG_BANDS = [
-    (lambda n, w: ones(n).tril() & ~ones(n).tril(-w + 1), "yours sees window - 1"),
-    (lambda n, w: ones(n).tril() & ~ones(n).tril(-w - 1), "yours sees window + 1"),
+    (lambda n, w: ones(n).tril() & ~ones(n).tril(-w + 1), "one key too narrow"),
+    (lambda n, w: ones(n).tril() & ~ones(n).tril(-w - 1), "one key too wide"),
     (lambda n, w: ones(n).tril(), "plain causal mask"),
     (lambda n, w: ~band_by_indices(n, w), "flip it"),
     (lambda n, w: ones(n).triu() & ~ones(n).triu(w), "looks into the future"),
-    (lambda n, w: ones(n).tril(-w), "should be True exactly when i - window < j <= i"),
+    (lambda n, w: ones(n).triu(), "the keys at or after each query"),
+    (lambda n, w: ~ones(n).tril(), "upper triangle above the diagonal"),
+    (lambda n, w: ones(n).tril(-w), "the keys the window hides"),
+    (lambda n, w: ones(n).tril() & ~ones(n).tril(-w - 2), "should be True exactly when i - window < j <= i"),
     (lambda n, w: band_by_indices(n, w).int(), "make the mask boolean"),
 ]
+RECIPE = ("tril(", "triu(", "torch.ones")  # 3.1 (a) asks the learner to find the construction
 
 
-@pytest.mark.parametrize("band", [band_by_indices, lambda n, w: ones(n).tril() & ~ones(n).tril(-w)])
+@pytest.mark.parametrize("band", [band_by_indices, band_by_loops, lambda n, w: ones(n).tril() & ~ones(n).tril(-w)])
 def test_band_mask_accepted(capsys, band):
     assert ex.check_sliding_window_attention(window_module(band)).passed is True
 
@@ -162,6 +174,7 @@ def test_band_mask_hints(capsys, band, hint):
     result = ex.check_sliding_window_attention(window_module(band))
     out = capsys.readouterr().out
     assert result.passed is False and hint in out, out
+    assert not any(word in out for word in RECIPE), out  # a hint names the mistake, not the construction
 
 
 # 3.1 (b) --------------------------------------------------------------------------------------

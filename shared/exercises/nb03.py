@@ -89,13 +89,20 @@ def _mask_hint(mask: np.ndarray, n: int, window: int) -> None:
     for hint, value in (
         ("the buffer is the plain causal mask: also hide keys that are `window` or more steps "
          "back (j > i - window)", np.tril(np.ones((n, n), dtype=bool))),
-        ("off by one: query i should see exactly `window` keys, i - window + 1 .. i; yours sees "
-         "window + 1", _band(n, window + 1)),
-        ("off by one: query i should see exactly `window` keys, i - window + 1 .. i; yours sees "
-         "window - 1", _band(n, window - 1) if window > 1 else None),
+        ("off by one, your band is one key too wide: query i should see exactly `window` keys, "
+         "i - window + 1 .. i; yours sees window + 1", _band(n, window + 1)),
+        ("off by one, your band is one key too narrow: query i should see exactly `window` keys, "
+         "i - window + 1 .. i; yours sees window - 1", _band(n, window - 1) if window > 1 else None),
         ("True must mean 'may attend'; your buffer marks the forbidden keys: flip it", ~ref),
         ("your band looks into the future: query i may see keys j <= i only (a lower band)",
          ref.T),
+        ("your buffer is the upper triangle, the keys at or after each query: the band lies at "
+         "and below the diagonal (j <= i)", np.triu(np.ones((n, n), dtype=bool))),
+        ("your buffer is the upper triangle above the diagonal, the future: the band lies at "
+         "and below the diagonal (j <= i)", np.triu(np.ones((n, n), dtype=bool), 1)),
+        ("your buffer marks the keys the window hides, `window` or more steps back "
+         "(j <= i - window); True must mean 'may attend': i - window < j <= i",
+         np.tril(np.ones((n, n), dtype=bool), -window)),
     ):
         if value is not None and np.array_equal(mask, value):
             raise _Wrong(f"mask buffer (context_length = {n}, window = {window}): {hint}")

@@ -92,7 +92,8 @@ def _mask_hint(mask: np.ndarray, n: int, window: int) -> None:
         ("off by one, your band is one key too wide: query i should see exactly `window` keys, "
          "i - window + 1 .. i; yours sees window + 1", _band(n, window + 1)),
         ("off by one, your band is one key too narrow: query i should see exactly `window` keys, "
-         "i - window + 1 .. i; yours sees window - 1", _band(n, window - 1) if window > 1 else None),
+         "i - window + 1 .. i; yours sees window - 1",
+         _band(n, window - 1) if window > 1 else None),
         ("True must mean 'may attend'; your buffer marks the forbidden keys: flip it", ~ref),
         ("your band looks into the future: query i may see keys j <= i only (a lower band)",
          ref.T),

@@ -725,13 +725,20 @@ class SimulatedGPU:
     ``busy`` True when unfinished kernels were queued at that read.
 
     A busy neighbour: the kernels numbered in ``slow_calls`` (0-based launch order, e.g.
-    ``range(10, 25)``) run ``slow_x`` times longer than ``kernel_s``."""
+    ``range(10, 25)``) run ``slow_x`` times longer than ``kernel_s``.
+
+    ``sync_s`` (default 0) is the host's own cost of each ``synchronize()``, paid after the queue
+    has drained: a block of calls timed between two synchronised clock readings then carries one
+    launch and one ``sync_s`` that no kernel hides."""
 
     def __init__(self, kernel_s: float = 2e-3, first_s: float = 50e-3, launch_s: float = 5e-6,
-                 slow_calls=range(0), slow_x: float = 1.0):
+                 slow_calls=range(0), slow_x: float = 1.0, sync_s: float = 0.0):
         if not slow_x > 0:
             raise ValueError(f"slow_x must be a factor > 0, got {slow_x!r}")
+        if not sync_s >= 0:
+            raise ValueError(f"sync_s must be a time >= 0, got {sync_s!r}")
         self.kernel_s, self.first_s, self.launch_s = kernel_s, first_s, launch_s
+        self.sync_s = sync_s
         self.slow_calls, self.slow_x = slow_calls, slow_x
         self.now = 0.0
         self.busy_until = 0.0
@@ -752,7 +759,7 @@ class SimulatedGPU:
         self.log.append(("launch", self.calls))
 
     def synchronize(self) -> None:
-        self.now = max(self.now, self.busy_until)
+        self.now = max(self.now, self.busy_until) + self.sync_s
         self.log.append(("sync",))
 
     def clock(self) -> float:

@@ -447,6 +447,29 @@ def test_simulated_gpu_neighbour_slows_exactly_the_named_kernels():
     with pytest.raises(ValueError, match="slow_x must be a factor > 0"):
         SimulatedGPU(slow_x=0)
 
+
+def test_simulated_gpu_sync_cost_is_paid_once_per_synchronize_after_the_queue_drains():
+    """By hand: 20 us kernels, 5 us launches, 10 us per synchronize(): a block of 4 calls between
+    two synchronised readings spans 5 + 4 x 20 + 10 us; a second synchronize() adds 10 us more,
+    and the default sync_s = 0 leaves section 3's numbers as they were."""
+    gpu = SimulatedGPU(kernel_s=20e-6, first_s=20e-6, launch_s=5e-6, sync_s=10e-6)
+    gpu.synchronize()
+    t0 = gpu.clock()
+    assert t0 == pytest.approx(10e-6)  # an empty queue still costs the host its 10 us
+    for _ in range(4):
+        gpu.launch()
+    gpu.synchronize()
+    assert gpu.clock() - t0 == pytest.approx(5e-6 + 4 * 20e-6 + 10e-6, rel=1e-12)
+    gpu.synchronize()
+    assert gpu.clock() - t0 == pytest.approx(5e-6 + 4 * 20e-6 + 2 * 10e-6, rel=1e-12)
+    plain = SimulatedGPU(kernel_s=20e-6, first_s=20e-6, launch_s=5e-6)
+    for _ in range(4):
+        plain.launch()
+    plain.synchronize()
+    assert plain.sync_s == 0 and plain.clock() == pytest.approx(5e-6 + 4 * 20e-6, rel=1e-12)
+    with pytest.raises(ValueError, match="sync_s must be a time >= 0"):
+        SimulatedGPU(sync_s=-1e-6)
+
 def test_bench_smoke_run_writes_markdown_and_survives_oom(tmp_path, monkeypatch):
     """tools/bench.py end to end at tiny sizes; a candidate that runs out of memory is reported
     as OOM (and not retried at longer lengths) instead of ending the run."""

@@ -26,7 +26,7 @@ The exercises, by notebook (the checker names say what they check):
   ``check_expected_empty_rows``, ``check_causal_bug_fix``, ``check_padded_causal_mask``.
 * 04: ``check_bug_prediction``, ``check_fixed_multi_head``, ``check_duplicate_token_head``,
   ``check_attention_parameters``, ``check_gqa_prediction``, ``check_padding_changes``.
-* 05: ``check_buggy_timing_prediction``, ``check_time_call``, ``check_merge_prediction``,
+* 05: ``check_buggy_timing_prediction``, ``check_timing_plan``, ``check_merge_prediction``,
   ``check_merge_partials``, ``check_training_peak``, ``check_saved_bytes``,
   ``check_flash_block_prediction``, ``check_flash_block_sizes``, ``check_largest_head_dim``,
   ``check_halving_prediction``, ``check_block_for_memory``.

@@ -1,8 +1,9 @@
 """Exercise checkers for notebook 05 Attention on the GPU (PyTorch).
 
-5.1 predict what a subtly buggy timing loop reports, then write a timer that also survives a
-busy neighbour (judged from simulated GPUs' event logs, ``shared.benchmark.SimulatedGPU`` with
-a stretch of slowed kernels, section 3's and hidden speeds); 5.2 predict
+5.1 predict what a subtly buggy timing loop reports, then design the fastest-block timer's
+(blocks, calls) within a budget of timed calls so that it reports the kernel's time within 2 %
+wherever a neighbour's stretch of slowed kernels falls (``shared.benchmark.SimulatedGPU`` with a
+per-``synchronize()`` host cost; every position simulated, hidden GPUs too); 5.2 predict
 how many merges, in how many parallel rounds, reduce 16 partial states to one, then merge two
 partial online-softmax states (split-K, as Flash-Decoding does); 5.3 predict naive
 attention's forward + backward peak, in score matrices, with the ``nan_to_num`` guard's backward
@@ -39,7 +40,7 @@ from ._core import (
 
 __all__ = [
     "check_buggy_timing_prediction",
-    "check_time_call",
+    "check_timing_plan",
     "check_merge_prediction",
     "check_merge_partials",
     "check_training_peak",
@@ -77,44 +78,107 @@ def _number(ans, what: str) -> float:
 
 
 # --------------------------------------------------------------------------------------------
-# 5.1 Time a call correctly on a shared GPU: the procedure, read from the simulated GPU's log
+# 5.1 Time a call on a shared GPU: predict a buggy loop, then design the fastest-block timer's plan
 # --------------------------------------------------------------------------------------------
-def _timed_blocks(gpu: SimulatedGPU) -> list[tuple[int, float, bool]]:
-    """Raise ``_Wrong`` unless every clock reading found the queue empty; return, per pair of
-    consecutive readings with calls between them, (calls, seconds, holds the first call)."""
-    log = gpu.log
-    reads = [i for i, e in enumerate(log) if e[0] == "clock"]
-    if not any(e[0] == "launch" for e in log):
-        raise _Wrong("time_call never called f")
-    if not reads:
-        raise _Wrong("read the time with the clock you are given (clock()), not time.perf_counter "
-                     "or time.time: on a real GPU it would be the same clock, and here it lets "
-                     "the checker's simulated GPU follow along")
-    if len(reads) < 2:
-        raise _Wrong("read the clock twice, once before and once after the timed calls")
-    if not any(e[0] == "sync" for e in log):
-        raise _Wrong("your clock readings never waited for the GPU: f() returns once its kernel "
-                     "is queued, so you timed only the launches")
-    if log[reads[-1]][2]:
-        raise _Wrong("kernels were still running at your last clock reading: the time of the "
-                     "last calls never reached your measurement")
-    if log[reads[0]][2]:
-        raise _Wrong("warm-up kernels were still running at your first clock reading: the rest "
-                     "of their time (the slow first call's included) landed in your measurement")
-    if any(log[i][2] for i in reads):
-        raise _Wrong("kernels were still running at one of your clock readings: they finished "
-                     "inside the next block's time")
-    blocks = []
-    for a, b in zip(reads, reads[1:], strict=False):
-        calls = [e[1] for e in log[a:b] if e[0] == "launch"]
-        if calls:
-            blocks.append((len(calls), log[b][1] - log[a][1], 1 in calls))
-    if not blocks:
-        raise _Wrong("no call of f ran between two of your clock readings: nothing was timed")
-    if sum(n for n, _, _ in blocks) < 2:
-        raise _Wrong("time several calls and divide by their number: one call is too short to "
-                     "time reliably on a real machine")
-    return blocks
+PLAN_GPU = dict(kernel_s=20e-6, launch_s=5e-6, sync_s=10e-6, first_s=1e-3, stretch=40, slow_x=3.0)
+PLAN_BUDGET, PLAN_TOL = 200, 0.02  # timed calls in all; the report within 2 % of kernel_s
+
+
+def _fastest_block_s(gpu: SimulatedGPU, blocks: int, calls: int) -> float:
+    """Section 3's fastest-block timer on a simulated GPU: one untimed warm-up call, then per
+    block synchronize(), read the clock, launch ``calls`` kernels, synchronize(), read the clock;
+    seconds per call of the fastest block."""
+    gpu.launch()
+    best = math.inf
+    for _ in range(blocks):
+        gpu.synchronize()
+        start = gpu.clock()
+        for _ in range(calls):
+            gpu.launch()
+        gpu.synchronize()
+        best = min(best, (gpu.clock() - start) / calls)
+    return best
+
+
+def _plan_reports(blocks: int, calls: int, kernel_s, launch_s, sync_s, first_s, stretch, slow_x):
+    """(the report with no neighbour, [(first slowed kernel, report)] for every position of the
+    stretch that overlaps the timed kernels 1 .. blocks * calls; kernel 0 is the warm-up)."""
+    def report(slow):
+        gpu = SimulatedGPU(kernel_s, first_s, launch_s, slow_calls=slow, slow_x=slow_x,
+                           sync_s=sync_s)
+        return _fastest_block_s(gpu, blocks, calls)
+
+    positions = range(2 - stretch, blocks * calls + 1)
+    return report(range(0)), [(p, report(range(p, p + stretch))) for p in positions]
+
+
+def _plan_cases():
+    """The stated GPU, then hidden ones no harder in either bound: (launch + sync) / kernel at most
+    0.75 and a stretch of at most 40 kernels, other speeds and slow-downs."""
+    rng = _rng(51)
+    hidden = []
+    for _ in range(2):
+        kernel = float(rng.uniform(10e-6, 2e-3))
+        launch = kernel * float(rng.uniform(0.1, 0.3))
+        sync = kernel * 0.75 - launch - kernel * float(rng.uniform(0.0, 0.1))
+        hidden.append(dict(kernel_s=kernel, launch_s=launch, sync_s=sync, first_s=50 * kernel,
+                           stretch=int(rng.integers(25, 41)), slow_x=float(rng.uniform(2.0, 5.0))))
+    return [PLAN_GPU] + hidden
+
+
+@_checker
+def check_timing_plan(plan):
+    """``plan = (blocks, calls)`` for section 3's fastest-block timer on a simulated shared GPU:
+    kernels of 20 us, launches of 5 us, 10 us of host time per ``synchronize()``; a neighbour slows
+    a stretch of 40 consecutive kernels x3, anywhere. At most 200 timed calls; the report must be
+    within 2 % of 20 us for every position of the stretch (and on hidden GPUs no harder in either
+    bound). A clean block reports (c x 20 + 15) / c us: c >= 38. A stretch of 40 can touch
+    ceil(39 / c) + 1 blocks, so one more is needed: (4, 38) ... (4, 50), (3, 39) ... (3, 66),
+    (5, 38) ... (5, 40)."""
+    if plan is None:
+        raise _NotAttempted("write (blocks, calls) in plan")
+    if isinstance(plan, str) or not isinstance(plan, (tuple, list)) or len(plan) != 2:
+        raise _Wrong(f"write two whole numbers, plan = (blocks, calls); got {plan!r:.60}")
+    for x in plan:
+        if isinstance(x, str):
+            raise _Wrong(f"you wrote the text {x!r}: blocks and calls are numbers, not strings")
+        if isinstance(x, bool) or not isinstance(x, (numbers.Integral, np.integer)):
+            raise _Wrong(f"blocks and calls are counts: write them as ints; got "
+                         f"{type(x).__name__} {x!r:.20}")
+    blocks, calls = (int(x) for x in plan)
+    if blocks < 1 or calls < 1:
+        raise _Wrong("blocks and calls are counts: both must be at least 1")
+    g = PLAN_GPU
+    us, fixed = 1e6 * g["kernel_s"], 1e6 * (g["launch_s"] + g["sync_s"])
+    if blocks * calls > PLAN_BUDGET:
+        raise _Wrong(f"over budget: {blocks} blocks of {calls} calls time {blocks * calls} calls; "
+                     f"the budget is {PLAN_BUDGET}")
+    for k, case in enumerate(_plan_cases()):
+        clean, reports = _plan_reports(blocks, calls, **case)
+        where = "" if k == 0 else " (on a hidden GPU)"
+        if clean > (1 + PLAN_TOL) * case["kernel_s"]:
+            raise _Wrong(f"too few calls per block{where}: a block's one launch and one "
+                         f"synchronize() are a fixed {fixed:.0f} µs, {fixed / us:.0%} of a "
+                         f"{us:.0f} µs call, which no kernel hides; over {calls} calls even a "
+                         f"clean block reports {clean / case['kernel_s'] - 1:.2%} too much, "
+                         f"above {PLAN_TOL:.0%}")
+        p, worst = max(reports, key=lambda r: r[1])
+        if worst > (1 + PLAN_TOL) * case["kernel_s"]:
+            touched = ("your one block" if blocks == 1
+                       else f"all {blocks} of your blocks of {calls} calls")
+            k_slow = case["stretch"]
+            raise _Wrong(f"too few blocks{where}: a stretch of {k_slow} slowed kernels starting "
+                         f"at timed kernel {p} touches {touched}, and the fastest then reports "
+                         f"{worst / case['kernel_s'] - 1:.0%} too much; how many blocks of "
+                         f"{calls} calls can {k_slow} consecutive kernels touch?")
+        if k == 0:
+            summary = (clean, worst, len(reports))
+    clean, worst, n = summary
+    return (f"({blocks}, {calls}): {blocks * calls} timed calls; a clean block reports "
+            f"{1e6 * clean:.2f} µs per call ({clean / g['kernel_s'] - 1:.2%} over {us:.0f} µs), "
+            f"and over all {n} positions of the stretch the report is at most "
+            f"{1e6 * worst:.2f} µs; "
+            f"right on {len(_plan_cases()) - 1} hidden GPUs too.")
 
 
 def _buggy_loop_ms(kernel_s=2e-3, first_s=50e-3, launch_s=5e-6, warmup=3, repeats=10) -> float:
@@ -167,71 +231,6 @@ def check_buggy_timing_prediction(buggy_prediction_ms):
                      "does reach the clock, not only the 5-microsecond launches")
     raise _Wrong("follow the simulated clock: where is it at the first reading (the warm-up "
                  "kernels were only queued), where at the last, and what does the loop divide by?")
-
-
-def _time_call_cases():
-    """(kernel_s, first_s, launch_s, slow_from, slow_n, slow_x): section 3's GPU with a neighbour
-    slowing kernels 10-24 x3 first, then hidden speeds and neighbours. Every slowed stretch ends
-    by kernel 40, so with the default 5 blocks of 10 calls at least the last block runs clean."""
-    rng = _rng(51)
-    hidden = [(rng.uniform(1e-3, 6e-3), rng.uniform(20e-3, 90e-3), rng.uniform(3e-6, 9e-6),
-               int(rng.integers(4, 16)), int(rng.integers(15, 25)), rng.uniform(3, 5))
-              for _ in range(2)]
-    return [(2e-3, 50e-3, 5e-6, 10, 15, 3.0)] + [
-        (float(k), float(f), float(la), int(s), int(n), float(x)) for k, f, la, s, n, x in hidden]
-
-
-@_checker
-def check_time_call(time_call):
-    """``time_call(f, sync, clock=time.perf_counter, blocks=5, calls=10)`` -> seconds per call of
-    ``f()`` from the fastest of ``blocks`` blocks of ``calls`` calls, on a GPU shared with a busy
-    neighbour. The checker passes simulated GPUs (section 3's speeds and hidden ones) whose
-    neighbour slows a stretch of consecutive kernels; it reads the procedure from their logs."""
-    notes = []
-    for kernel_s, first_s, launch_s, slow_from, slow_n, slow_x in _time_call_cases():
-        slow = range(slow_from, slow_from + slow_n)  # the neighbour's stretch of kernels
-        gpu = SimulatedGPU(kernel_s, first_s, launch_s, slow_calls=slow, slow_x=slow_x)
-        ans = _call(time_call, gpu.launch, sync=gpu.synchronize, clock=gpu.clock,
-                    name="time_call")
-        got = _number(ans, "the seconds per call")
-        blocks = _timed_blocks(gpu)
-        per_call = [span / n for n, span, _ in blocks]
-        mean = sum(span for _, span, _ in blocks) / sum(n for n, _, _ in blocks)
-
-        def near(value, got=got, tol=0.02):
-            return abs(got - value) <= tol * value
-
-        if near(kernel_s) and len(blocks) >= 2:
-            notes.append((got, mean))
-            continue
-        if near(kernel_s * 1e3):
-            raise _Wrong("return seconds, not milliseconds")
-        if near(kernel_s * 1e6):
-            raise _Wrong("return seconds, not microseconds")
-        if len(blocks) < 2:
-            raise _Wrong(f"you timed one block of {blocks[0][0]} calls: some of the neighbour's "
-                         "slowed kernels (or the slow first call) ran inside it, and one block "
-                         "leaves nothing to compare it with")
-        if min(per_call) > 1.02 * kernel_s:
-            raise _Wrong(f"each of your {len(blocks)} blocks held a slowed kernel (the slow "
-                         "first call or some of the neighbour's): time more blocks than that")
-        if near(mean):
-            raise _Wrong("you averaged over every timed call, so the neighbour's slowed kernels "
-                         "count in your result; what do the blocks that missed them say?")
-        if near(sum(per_call) / len(per_call)):
-            raise _Wrong("you averaged the blocks' times, so the neighbour's slowed blocks count "
-                         "in your result; what do the blocks that missed them say?")
-        if near(max(per_call)):
-            raise _Wrong("you kept the slowest block: the one the neighbour (or the first call) "
-                         "slowed most")
-        if any(near(span) for _, span, _ in blocks):
-            raise _Wrong("you returned the time of a whole block: return the time per call")
-        raise _Wrong(f"your clock readings are right but the result is {got:.6f} s per call; the "
-                     f"simulated kernel takes {kernel_s * 1e3:.2f} ms when nothing slows it: "
-                     "compute it from the clock readings, not a fixed number")
-    return (f"{notes[0][0] * 1e3:.2f} ms per call on section 3's simulated GPU, where the mean "
-            f"over all your timed calls is {notes[0][1] * 1e3:.2f} ms; right on "
-            f"{len(notes) - 1} hidden GPUs too.")
 
 
 # --------------------------------------------------------------------------------------------

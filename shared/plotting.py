@@ -689,7 +689,8 @@ def plot_memory_hierarchy(n_tiles: int = 4, hbm=("40 GB", "1.5 TB/s"), sram=("20
     return ax
 
 
-def plot_roofline(roofs: dict, kernels: dict, title: str = "Roofline (modelled)"):
+def plot_roofline(roofs: dict, kernels: dict, title: str = "Roofline (modelled)",
+                  measured: dict | None = None):
     """Log-log roofline: attainable FLOP/s ``min(P, W * I)`` against arithmetic intensity ``I``
     (FLOP/byte), one line per device, and each kernel as a labelled dot on the first device's roof.
 
@@ -697,7 +698,16 @@ def plot_roofline(roofs: dict, kernels: dict, title: str = "Roofline (modelled)"
     legend entry names its balance point ``P / W``. ``kernels``: ``{label: intensity}``, positive;
     labels with the same intensity share one dot and one label (``"a, b: 2 kernels"``), above-left
     of it, or below-right where the dot before lies within a factor 4, joined to it by a short
-    line. Returns the axes."""
+    line.
+
+    ``measured`` (optional): ``{label: (intensity, achieved FLOP/s)}``, positive; each is a hollow
+    circle (``IMPLEMENTATION_COLOURS`` by label) joined by a dotted line to the first roof above it
+    and annotated with how far below that roof it lies (``x1.9``). Returns the axes."""
+    measured = dict(measured or {})
+    for label, point in measured.items():
+        if len(point) != 2 or min(point) <= 0:
+            raise ValueError(f"measured {label!r} must be (intensity, FLOP/s), both > 0, "
+                             f"got {point!r}")
     if not roofs or not kernels:
         raise ValueError(f"need at least one roof and one kernel, got {len(roofs)} and "
                          f"{len(kernels)}")
@@ -732,6 +742,14 @@ def plot_roofline(roofs: dict, kernels: dict, title: str = "Roofline (modelled)"
                     va="top" if below else "bottom",
                     arrowprops={"arrowstyle": "-", "color": "tab:red", "lw": 0.8, "shrinkB": 4})
         previous = intensity
+    for k, (label, (intensity, achieved)) in enumerate(measured.items()):
+        roof = min(peak, bw * intensity)
+        colour = IMPLEMENTATION_COLOURS.get(label, f"C{4 + k}")
+        ax.plot([intensity, intensity], [achieved, roof], ":", color=colour, lw=1)
+        ax.plot([intensity], [achieved], "o", ms=9, mfc="none", mew=1.8, color=colour, zorder=3,
+                gid=f"measured: {label}", label=f"{label}, measured")
+        ax.annotate(f"x{roof / achieved:.1f} below the roof", (intensity, achieved), fontsize=8,
+                    xytext=(8, -4), textcoords="offset points", ha="left", va="top", color=colour)
     top = max(p for p, _ in roofs.values())
     ax.set(xlabel="arithmetic intensity (FLOP/byte, log scale)", ylim=(None, 8 * top),
            ylabel="attainable FLOP/s (log scale)", xlim=(lo, hi), title=title)

@@ -495,6 +495,30 @@ def test_plot_roofline_puts_each_kernel_on_the_first_roof_and_names_balance_poin
     plt.close("all")
 
 
+def test_plot_roofline_draws_measured_points_below_their_roof_with_the_factor():
+    """A measured point is a hollow circle at (intensity, achieved FLOP/s), joined to the first
+    roof above it, annotated with roof / achieved; without ``measured`` nothing of it is drawn."""
+    from shared.plotting import IMPLEMENTATION_COLOURS, plot_roofline
+
+    ax = plot_roofline({"A": (100.0, 10.0), "B": (40.0, 1.0)}, {"chain": 2.0, "fused": 50.0},
+                       measured={"naive PyTorch": (2.0, 10.0), "SDPA": (50.0, 40.0)})
+    circles = {line.get_gid(): line for line in ax.get_lines() if (line.get_gid() or "").startswith("measured")}
+    assert set(circles) == {"measured: naive PyTorch", "measured: SDPA"}
+    naive, sdpa = circles["measured: naive PyTorch"], circles["measured: SDPA"]
+    assert (naive.get_xdata()[0], naive.get_ydata()[0]) == (2.0, 10.0) and naive.get_markerfacecolor() == "none"
+    assert naive.get_color() == IMPLEMENTATION_COLOURS["naive PyTorch"] and sdpa.get_color() == IMPLEMENTATION_COLOURS["SDPA"]
+    factors = sorted(t.get_text() for t in ax.texts if "below the roof" in t.get_text())
+    assert factors == ["x2.0 below the roof", "x2.5 below the roof"]  # 20 / 10 on the slope, 100 / 40 on the flat
+    joins = [line for line in ax.get_lines() if line.get_linestyle() == ":"]
+    assert sorted((tuple(j.get_xdata()), tuple(j.get_ydata())) for j in joins) == [((2.0, 2.0), (10.0, 20.0)), ((50.0, 50.0), (40.0, 100.0))]
+    plt.close("all")
+    plain = plot_roofline({"A": (100.0, 10.0)}, {"chain": 2.0})
+    assert not [t for t in plain.texts if "below the roof" in t.get_text()]
+    with pytest.raises(ValueError, match="measured 'SDPA' must be"):
+        plot_roofline({"A": (100.0, 10.0)}, {"chain": 2.0}, measured={"SDPA": (50.0, 0.0)})
+    plt.close("all")
+
+
 def test_plot_gpu_record_dots_the_formula_shares_colours_and_draws_the_card():
     times = {"SDPA, float32": ([64, 128], [1.0, 3.0]), "SDPA, float16": ([64, 128], [0.5, 1.0])}
     peaks = {"naive PyTorch": ([64, 128], [3.0, 12.0]), "naive PyTorch (formula)": ([64, 256], [3.0, 48.0])}

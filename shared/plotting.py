@@ -643,13 +643,16 @@ def plot_error_dots(errors: dict, xlabel: str, title: str, unit: str = "%"):
     return ax
 
 
-def plot_memory_hierarchy(n_tiles: int = 4, hbm=("40 GB", "1.5 TB/s"), sram=("20 MB", "19 TB/s")):
+def plot_memory_hierarchy(n_tiles: int = 4, hbm=("40 GB", "1.5 TB/s"), sram=("192 KB", "19 TB/s"),
+                          sms: int = 108, sram_total: str = "about 20 MB"):
     """Schematic of a GPU's memory: Q, K, V and O in HBM (each cut into ``n_tiles`` blocks of
     rows), one query block ``Q_i`` and its accumulator ``O_i`` kept in on-chip SRAM while the
     tiles ``K_j``, ``V_j`` stream through: FlashAttention-2's loop order (FlashAttention-1 keeps
-    ``K_j``, ``V_j`` and streams ``Q_i``, ``O_i``). ``hbm``, ``sram``: (capacity, bandwidth)
-    strings, by default an A100's from FlashAttention's Figure 1 (Dao et al. 2022). Returns the
-    axes."""
+    ``K_j``, ``V_j`` and streams ``Q_i``, ``O_i``). The SRAM is not one pool: each of the ``sms``
+    streaming multiprocessors has its own shared memory/L1, and the box is one SM's, where one
+    thread block works. ``hbm``: (capacity, bandwidth); ``sram``: (capacity per SM, bandwidth of
+    all SMs together); ``sram_total``: the capacity of all SMs together. The defaults are a 40 GB
+    A100's (Dao et al. 2022, section 2.1 and Figure 1: 192 KB per SM, 108 SMs). Returns the axes."""
     from matplotlib.patches import FancyArrowPatch, Rectangle
 
     if not isinstance(n_tiles, int) or n_tiles < 2:
@@ -658,7 +661,9 @@ def plot_memory_hierarchy(n_tiles: int = 4, hbm=("40 GB", "1.5 TB/s"), sram=("20
     ax.add_patch(Rectangle((0, 2.6), 10, 2.2, fc="#dceefb", ec="tab:blue", lw=1.5, gid="HBM"))
     ax.text(0.15, 4.6, f"HBM (device memory): {hbm[0]}, {hbm[1]}", va="top", fontsize=10)
     ax.add_patch(Rectangle((1.5, 0), 7, 1.6, fc="#fde9d4", ec="tab:orange", lw=1.5, gid="SRAM"))
-    ax.text(1.65, 1.45, f"on-chip SRAM: {sram[0]}, {sram[1]}", va="top", fontsize=10)
+    ax.text(1.65, 1.5, f"one SM's on-chip SRAM (shared memory/L1): {sram[0]}\n"
+            f"{sms} SMs: {sram_total}, {sram[1]} in all", va="top", fontsize=9, linespacing=1.1,
+            zorder=5, bbox={"fc": "#fde9d4", "ec": "none", "pad": 1})  # over the arrows
     colour = {"Q": "tab:blue", "K": "tab:green", "V": "tab:purple", "O": "tab:red"}
     width = 2.0 / n_tiles
     for k, name in enumerate("QKVO"):  # each matrix a row of n_tiles blocks in HBM
@@ -683,7 +688,8 @@ def plot_memory_hierarchy(n_tiles: int = 4, hbm=("40 GB", "1.5 TB/s"), sram=("20
                                      color="0.3"))
         ax.text((start[0] + end[0]) / 2 + 0.1, 2.1, label, fontsize=8, color="0.3")
     ax.set(xlim=(-0.1, 10.1), ylim=(-0.4, 4.9),
-           title="FlashAttention-2: a query block stays on chip; K and V tiles stream through")
+           title="FlashAttention-2: a query block stays in one SM's SRAM;\nK and V tiles stream "
+                 "through")
     ax.axis("off")
     fig.tight_layout()
     return ax

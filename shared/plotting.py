@@ -660,10 +660,10 @@ def plot_memory_hierarchy(n_tiles: int = 4, hbm=("40 GB", "1.5 TB/s"), sram=("19
     fig, ax = plt.subplots(figsize=(7, 3.6))
     ax.add_patch(Rectangle((0, 2.6), 10, 2.2, fc="#dceefb", ec="tab:blue", lw=1.5, gid="HBM"))
     ax.text(0.15, 4.6, f"HBM (device memory): {hbm[0]}, {hbm[1]}", va="top", fontsize=10)
-    ax.add_patch(Rectangle((1.5, 0), 7, 1.6, fc="#fde9d4", ec="tab:orange", lw=1.5, gid="SRAM"))
-    ax.text(1.65, 1.5, f"one SM's on-chip SRAM (shared memory/L1): {sram[0]}\n"
-            f"{sms} SMs: {sram_total}, {sram[1]} in all", va="top", fontsize=9, linespacing=1.1,
-            zorder=5, bbox={"fc": "#fde9d4", "ec": "none", "pad": 1})  # over the arrows
+    ax.add_patch(Rectangle((1.5, -0.95), 7, 2.25, fc="#fde9d4", ec="tab:orange", lw=1.5, gid="SRAM"))
+    ax.text(5.0, -0.4, f"one SM's on-chip SRAM (shared memory/L1): {sram[0]}\n"
+            f"{sms} SMs: {sram_total}, {sram[1]} in all", ha="center", va="top", fontsize=9,
+            linespacing=1.1)
     colour = {"Q": "tab:blue", "K": "tab:green", "V": "tab:purple", "O": "tab:red"}
     width = 2.0 / n_tiles
     for k, name in enumerate("QKVO"):  # each matrix a row of n_tiles blocks in HBM
@@ -687,7 +687,7 @@ def plot_memory_hierarchy(n_tiles: int = 4, hbm=("40 GB", "1.5 TB/s"), sram=("19
         ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=12, lw=1.2,
                                      color="0.3"))
         ax.text((start[0] + end[0]) / 2 + 0.1, 2.1, label, fontsize=8, color="0.3")
-    ax.set(xlim=(-0.1, 10.1), ylim=(-0.4, 4.9),
+    ax.set(xlim=(-0.1, 10.1), ylim=(-1.05, 4.9),
            title="FlashAttention-2: a query block stays in one SM's SRAM;\nK and V tiles stream "
                  "through")
     ax.axis("off")

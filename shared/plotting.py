@@ -660,7 +660,8 @@ def plot_memory_hierarchy(n_tiles: int = 4, hbm=("40 GB", "1.5 TB/s"), sram=("19
     fig, ax = plt.subplots(figsize=(7, 3.6))
     ax.add_patch(Rectangle((0, 2.6), 10, 2.2, fc="#dceefb", ec="tab:blue", lw=1.5, gid="HBM"))
     ax.text(0.15, 4.6, f"HBM (device memory): {hbm[0]}, {hbm[1]}", va="top", fontsize=10)
-    ax.add_patch(Rectangle((1.5, -0.95), 7, 2.25, fc="#fde9d4", ec="tab:orange", lw=1.5, gid="SRAM"))
+    ax.add_patch(Rectangle((1.5, -0.95), 7, 2.25, fc="#fde9d4", ec="tab:orange", lw=1.5,
+                           gid="SRAM"))
     ax.text(5.0, -0.4, f"one SM's on-chip SRAM (shared memory/L1): {sram[0]}\n"
             f"{sms} SMs: {sram_total}, {sram[1]} in all", ha="center", va="top", fontsize=9,
             linespacing=1.1)

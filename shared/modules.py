@@ -42,6 +42,16 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 # The functional core
 # --------------------------------------------------------------------------------------------
+def _allowed_keys(scores: torch.Tensor, causal: bool, mask: torch.Tensor | None):
+    """The boolean ``(..., T_q, T_k)`` may-attend mask for ``scores`` (None: every key)."""
+    allowed = mask
+    if causal:
+        T_q, T_k = scores.shape[-2:]
+        tri = torch.ones(T_q, T_k, dtype=torch.bool, device=scores.device).tril()
+        allowed = tri if allowed is None else allowed & tri
+    return allowed
+
+
 def attention_weights(Q: torch.Tensor, K: torch.Tensor, causal: bool = False,
                       mask: torch.Tensor | None = None) -> torch.Tensor:
     """``softmax(Q K^T / sqrt(d_k))`` with masked scores set to ``-inf`` before the softmax.
@@ -53,22 +63,24 @@ def attention_weights(Q: torch.Tensor, K: torch.Tensor, causal: bool = False,
 
     Returns:
         weights ``(..., T_q, T_k)``; each row sums to 1, except a query that may attend to
-        nothing, whose row is all zeros (not NaN).
+        nothing, whose row is all zeros (not NaN). The guard is row-wise, as in SDPA: only rows
+        with no allowed key are zeroed, so a NaN from the inputs stays visible.
     """
     scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])  # (..., T_q, T_k)
-    allowed = mask
-    if causal:
-        T_q, T_k = scores.shape[-2:]
-        tri = torch.ones(T_q, T_k, dtype=torch.bool, device=scores.device).tril()
-        allowed = tri if allowed is None else allowed & tri
-    if allowed is not None:
-        scores = scores.masked_fill(~allowed, float("-inf"))
-    return torch.softmax(scores, dim=-1).nan_to_num(0.0)  # fully masked rows: 0, not NaN
+    allowed = _allowed_keys(scores, causal, mask)
+    if allowed is None:
+        return torch.softmax(scores, dim=-1)
+    weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+    return torch.where(allowed.any(dim=-1, keepdim=True), weights, 0.0)  # empty rows: 0, not NaN
 
 
 def naive_attention(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, causal: bool = False,
                     mask: torch.Tensor | None = None):
-    """Attention the textbook way, materialising the whole score matrix.
+    """Attention the textbook way, one unfused step at a time, materialising every score.
+
+    The chain notebook 05 measures: ``Q K^T``, the scale, the mask, the softmax, the blunt
+    guard ``nan_to_num(0.0)`` (one more pass over the scores; it zeroes empty rows but would also
+    hide a NaN from the inputs, see notebook 03), then ``weights @ V``.
 
     Shapes:
         Q ``(..., T_q, d_k)``, K ``(..., T_k, d_k)``, V ``(..., T_k, d_v)``; mask boolean,
@@ -79,7 +91,11 @@ def naive_attention(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, causal: b
         ``(output, weights)``: ``(..., T_q, d_v)`` and ``(..., T_q, T_k)``. A query that may
         attend to nothing gets zero weights and a zero output.
     """
-    weights = attention_weights(Q, K, causal=causal, mask=mask)
+    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])  # (..., T_q, T_k)
+    allowed = _allowed_keys(scores, causal, mask)
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
     return weights @ V, weights
 
 

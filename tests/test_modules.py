@@ -68,6 +68,23 @@ def test_hand_derived_weights():
     assert torch.allclose(attention_weights(Q, Q, causal=True)[0], torch.tensor([1.0, 0.0]))
 
 
+def test_attention_weights_guards_row_wise_and_keeps_a_nan_visible():
+    # row 1 may see nothing; query 2 carries a NaN, as a bug upstream would
+    g = torch.Generator().manual_seed(7)
+    Q, K = torch.randn(3, 4, generator=g), torch.randn(3, 4, generator=g)
+    Q[2, 0] = float("nan")
+    mask = torch.tensor([[True, False, False], [False, False, False], [True, True, True]])
+    w = attention_weights(Q, K, mask=mask)
+    assert torch.equal(w[1], torch.zeros(3))  # the empty row: zeros, as SDPA gives
+    assert torch.isnan(w[2]).all()  # the NaN row stays NaN: not hidden by the guard
+    assert torch.equal(w[0], torch.tensor([1.0, 0.0, 0.0]))
+    # naive_attention keeps notebook 05's blunt nan_to_num: the same empty row, the NaN hidden
+    _, w_naive = naive_attention(Q, K, torch.randn(3, 2, generator=g), mask=mask)
+    assert torch.equal(w_naive[1], torch.zeros(3)) and torch.equal(w_naive[2], torch.zeros(3))
+    # unmasked, no guard at all: a NaN input gives NaN weights
+    assert torch.isnan(attention_weights(Q, K)[2]).all()
+
+
 def test_fully_masked_row_gives_zeros_not_nan():
     Q = K = V = torch.randn(1, 3, 4)
     mask = torch.tensor([[True, False, False], [False, False, False], [True, True, True]])

@@ -16,6 +16,9 @@ its six figures, so that its cells show attention code, not matplotlib: ``plot_o
 ``plot_error_dots``, ``plot_memory_hierarchy``, ``plot_roofline``, ``plot_block_sweep`` and
 ``plot_times_by_length``.
 
+One figure for notebook 03's float32 masks: ``plot_mask_error_vs_gap`` (masking after the
+softmax against the gap of a future score, with its NaN rows and the cut-offs from the format).
+
 One text helper for the measured tables of notebook 07: ``print_table`` (rows of numbers under
 column headers, so that a cell shows the measurement and not the f-strings).
 """
@@ -29,7 +32,8 @@ import seaborn as sns
 __all__ = ["plot_attention", "plot_heads", "plot_bottleneck", "plot_word_links",
            "plot_context_vectors", "zoom_context_vectors", "log_ticks", "label_points",
            "print_table", "plot_online_softmax", "plot_error_dots", "plot_memory_hierarchy",
-           "plot_roofline", "plot_block_sweep", "plot_times_by_length", "plot_gpu_record"]
+           "plot_roofline", "plot_block_sweep", "plot_times_by_length", "plot_gpu_record",
+           "plot_mask_error_vs_gap"]
 
 MASKED_COLOR = "#d9d9d9"
 
@@ -891,3 +895,74 @@ def plot_gpu_record(times: dict, peaks: dict, capacity_mib: float | None = None,
     ax_m.set(ylabel="peak memory (MiB, log scale)", title=f"{gpu}: {memory_label}")
     fig.tight_layout()
     return ax_t, ax_m
+
+
+def plot_mask_error_vs_gap(gaps, err_gradual, err_flushed, err_before, cut_gradual: float,
+                           cut_flushed: float,
+                           flushed_label: str = "(b) renormalise after, denormals flushed",
+                           floor: float = -7.0):
+    """Notebook 03's float32 masks: the largest error of the two allowed weights of the scores
+    (0, 1, g), key 2 in the future, against the gap g, on a log10 axis; returns the axes.
+
+    ``gaps``: (n,) gaps g. ``err_gradual``, ``err_flushed``: (n,) errors of (b), renormalising
+    after the softmax, with gradual underflow (blue) and with denormals flushed (red); NaN where
+    (b) gave NaN, drawn as a row of markers per curve above the error axis. ``err_before``: (n,)
+    errors of (a), -inf before the softmax (green). ``cut_gradual``, ``cut_flushed``: the gap past
+    which e^-g is 0 in each mode; dashed lines mark each cut-off c and c + 1 (NaN), labelled on top.
+    ``flushed_label``: the legend's name of the red curve. ``floor``: log10 of the smallest error
+    drawn (below -6); smaller errors, and 0, are drawn at it. NumPy arrays or torch tensors."""
+    n = _same_lengths(gaps=gaps, err_gradual=err_gradual, err_flushed=err_flushed,
+                      err_before=err_before)
+    if n < 2:
+        raise ValueError(f"need at least 2 gaps; got {n}")
+    gaps = _to_numpy("gaps", gaps)
+    named = (("err_gradual", err_gradual), ("err_flushed", err_flushed), ("err_before", err_before))
+    errs = [_to_numpy(name, e) for name, e in named]
+    if gaps.ndim != 1 or any(e.ndim != 1 for e in errs):
+        raise ValueError("gaps and the three errors must be 1-D, one entry per gap")
+    if not np.isfinite(gaps).all() or np.any(np.diff(gaps) <= 0):
+        raise ValueError("gaps must be finite and increasing")
+    if any(np.nanmin(e, initial=0.0) < 0 for e in errs):
+        raise ValueError("errors are absolute values: none may be negative")
+    if not (np.isfinite(cut_gradual) and np.isfinite(cut_flushed)):
+        raise ValueError(f"the cut-offs must be finite; got {cut_gradual!r}, {cut_flushed!r}")
+    if not floor < -6:
+        raise ValueError(f"floor must lie below -6 (the lowest labelled error, 1e-6); "
+                         f"got {floor!r}")
+    err_gradual, err_flushed, err_before = errs
+
+    def log_err(e):  # log10, with errors below 10^floor (or exactly 0) at the floor
+        return np.maximum(np.log10(np.maximum(e, 1e-30)), floor)
+
+    fig, ax = plt.subplots(figsize=(10, 4.8), layout="constrained")
+    gradual_label = "(b) renormalise after, gradual underflow"
+    for err, colour, lw, nan_row, name in ((err_flushed, "C3", 2.5, 1.0, flushed_label),
+                                           (err_gradual, "C0", 1.2, 2.0, gradual_label)):
+        ok = ~np.isnan(err)
+        ax.plot(gaps[ok], log_err(err[ok]), color=colour, lw=lw, label=name)
+        ax.plot(gaps[~ok], np.full(int((~ok).sum()), nan_row), "|", color=colour, ms=10, mew=1.5)
+    ax.plot(gaps, log_err(err_before), color="C2", lw=2.5, label="(a) -inf before the softmax")
+    cuts = sorted((c + shift, colour) for c, colour in ((cut_gradual, "C0"), (cut_flushed, "C3"))
+                  for shift in (0, 1))
+    # dashed lines from the floor to just below the NaN rows
+    ax.vlines([c for c, _ in cuts], floor - 0.5, 0.5, color="gray", ls="--", lw=1)
+    cut_axis = ax.secondary_xaxis("top")
+    cut_axis.set_xticks([c for c, _ in cuts], [f"{c:.2f}" for c, _ in cuts], fontsize=8)
+    sides = ("right", "left") * 2
+    for tick, (_, colour), side in zip(cut_axis.get_xticklabels(), cuts, sides, strict=True):
+        tick.set_color(colour)
+        tick.set_horizontalalignment(side)  # each pair of labels spreads apart, clear of the other
+    cut_axis.set_xlabel("dashed: cut-offs from torch.finfo, where (b) turns (0, 1), then NaN",
+                        fontsize=9)
+    ax.set_yticks([floor, -6, -4, -2, 0, 1, 2],
+                  [f"≤ $10^{{{floor:g}}}$\n(rounding)", "$10^{-6}$", "$10^{-4}$", "$10^{-2}$", "1",
+                   "NaN, flushed", "NaN, gradual"])
+    for tick, colour in zip(ax.get_yticklabels()[-2:], ("C3", "C0"), strict=True):
+        tick.set_color(colour)
+    ax.set_ylim(floor - 0.5, 2.5)
+    ax.set_xlabel("gap g: the scores are (0, 1, g), key 2 in the future")
+    ax.set_ylabel("largest error of the two allowed weights")
+    ax.set_title("float32 scores (0, 1, g): renormalising after the softmax goes silently wrong, "
+                 "then NaN")
+    ax.legend(fontsize=9, loc="lower right", bbox_to_anchor=(1, 0.1))
+    return ax

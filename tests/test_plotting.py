@@ -537,3 +537,34 @@ def test_plot_gpu_record_dots_the_formula_shares_colours_and_draws_the_card():
 def test_plot_gpu_record_names_a_series_whose_lengths_do_not_match():
     with pytest.raises(ValueError, match=r"peaks\['SDPA'\]: 2 lengths for 1 values"):
         plot_gpu_record({"SDPA, float16": ([64], [1.0])}, {"SDPA": ([64, 128], [1.0])})
+
+
+def test_plot_mask_error_vs_gap_puts_nan_in_rows_errors_at_the_floor_and_cut_offs_on_top():
+    from shared.plotting import plot_mask_error_vs_gap
+
+    gaps = np.array([1.0, 2.0, 3.0, 4.0])
+    gradual = np.array([0.0, 1e-3, 0.27, np.nan])
+    flushed = np.array([1e-9, 0.27, np.nan, np.nan])
+    ax = plot_mask_error_vs_gap(gaps, gradual, flushed, np.zeros(4), 3.2, 1.5, flushed_label="red")
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    # finite errors as log10, 0 and errors below 1e-7 at the floor; each curve's NaN gaps on a row
+    assert list(lines["red"].get_ydata()) == [-7.0, pytest.approx(np.log10(0.27))]
+    assert list(lines["(b) renormalise after, gradual underflow"].get_ydata()) == [
+        -7.0, pytest.approx(-3.0), pytest.approx(np.log10(0.27))]
+    nan_rows = [line for line in ax.get_lines() if line.get_marker() == "|"]
+    assert [(list(r.get_xdata()), list(r.get_ydata()), r.get_color()) for r in nan_rows] == [
+        ([3.0, 4.0], [1.0, 1.0], "C3"), ([4.0], [2.0], "C0")]
+    assert list(lines["(a) -inf before the softmax"].get_ydata()) == [-7.0] * 4
+    # the cut-offs c and c + 1 of each mode, labelled on the top axis in the curve's colour
+    top = ax.child_axes[0] if ax.child_axes else next(a for a in ax.figure.axes if a is not ax)
+    ticks = [(t.get_text(), t.get_color()) for t in top.get_xticklabels()]
+    assert ticks == [("1.50", "C3"), ("2.50", "C3"), ("3.20", "C0"), ("4.20", "C0")]
+    assert labels(ax.get_yticklabels())[-2:] == ["NaN, flushed", "NaN, gradual"]
+    with pytest.raises(ValueError, match="one entry each"):
+        plot_mask_error_vs_gap(gaps, gradual[:3], flushed, np.zeros(4), 2.5, 1.5)
+    with pytest.raises(ValueError, match="increasing"):
+        plot_mask_error_vs_gap(gaps[::-1], gradual, flushed, np.zeros(4), 2.5, 1.5)
+    with pytest.raises(ValueError, match="negative"):
+        plot_mask_error_vs_gap(gaps, -gradual, flushed, np.zeros(4), 2.5, 1.5)
+    with pytest.raises(ValueError, match="floor"):
+        plot_mask_error_vs_gap(gaps, gradual, flushed, np.zeros(4), 2.5, 1.5, floor=-5.0)

@@ -964,5 +964,5 @@ def plot_mask_error_vs_gap(gaps, err_gradual, err_flushed, err_before, cut_gradu
     ax.set_ylabel("largest error of the two allowed weights")
     ax.set_title("float32 scores (0, 1, g): renormalising after the softmax goes silently wrong, "
                  "then NaN")
-    ax.legend(fontsize=9, loc="lower right", bbox_to_anchor=(1, 0.1))
+    ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3)
     return ax

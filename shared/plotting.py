@@ -693,8 +693,8 @@ def plot_memory_hierarchy(n_tiles: int = 4, hbm=("40 GB", "1.5 TB/s"), sram=("19
                                      color="0.3"))
         ax.text((start[0] + end[0]) / 2 + 0.1, 2.1, label, fontsize=8, color="0.3")
     ax.set(xlim=(-0.1, 10.1), ylim=(-1.05, 4.9),
-           title="FlashAttention-2: a query block stays in one SM's SRAM;\nK and V tiles stream "
-                 "through")
+           title="GPU memory, and the loop FlashAttention-2 runs in it:\na query block stays in "
+                 "one SM's SRAM; K and V tiles stream through")
     ax.axis("off")
     fig.tight_layout()
     return ax

@@ -275,17 +275,19 @@ def _merge_cases():
 
 @_checker
 def check_merge_prediction(merge_prediction):
-    """``merge_prediction = (merges, rounds)``: Flash-Decoding's 16 partial states (one per part
-    of the keys) reduced to one by merges of two states; how many merges, and how many rounds when
-    every merge of a round runs at the same time. The merge is associative and commutative (up to
-    rounding), so a tree does it: 15 merges in 4 rounds."""
+    """``merge_prediction = (merges, rounds, rounds_1000)``: Flash-Decoding's 16 partial states
+    (one per part of the keys) reduced to one by merges of two states; how many merges, and how
+    many rounds when every merge of a round runs at the same time; then the rounds for 1,000 parts.
+    The merge is associative and commutative (up to rounding), so a tree does it: 15 merges in 4
+    rounds, and ceil(log2(1000)) = 10 rounds for 1,000 parts (an odd state waits a round)."""
     if merge_prediction is None:
-        raise _NotAttempted("write (merges, rounds) in merge_prediction; the chain and the tree "
-                            "are compared once merge_partials below is right")
-    if not isinstance(merge_prediction, (tuple, list)) or len(merge_prediction) != 2:
-        raise _Wrong(f"write two numbers, (merges, rounds); got {merge_prediction!r:.60}")
-    merges, rounds = (_number(x, "each count") for x in merge_prediction)
-    if merges != int(merges) or rounds != int(rounds) or merges < 0 or rounds < 0:
+        raise _NotAttempted("write (merges, rounds, rounds_1000) in merge_prediction; the chain and "
+                            "the tree are compared once merge_partials below is right")
+    if not isinstance(merge_prediction, (tuple, list)) or len(merge_prediction) != 3:
+        raise _Wrong("write three numbers, (merges, rounds) for 16 parts, then the rounds for "
+                     f"1,000 parts; got {merge_prediction!r:.60}")
+    merges, rounds, rounds_1000 = (_number(x, "each count") for x in merge_prediction)
+    if any(x != int(x) or x < 0 for x in (merges, rounds, rounds_1000)):
         raise _Wrong("merges and rounds are counts: whole numbers, 0 or more")
     if (merges, rounds) == (4, 15):
         raise _Wrong("swapped: write the number of merges first, then the rounds")
@@ -308,10 +310,22 @@ def check_merge_prediction(merge_prediction):
     if rounds != 4:
         raise _Wrong("rounds: each round merges disjoint pairs at once and halves the number of "
                      "states: 16 -> 8 -> 4 -> 2 -> 1")
-    return ("15 merges in 4 rounds: the merge is associative and commutative (up to rounding), so "
-            "the parts can be merged in any order, for instance in a tree log2(parts) deep "
-            "(Flash-Decoding itself rescales and sums all parts in one final pass). Write "
-            "merge_partials below; the chain and the tree are then compared.")
+    if rounds_1000 == 999:
+        raise _Wrong("rounds for 1,000 parts: 999 is the chain's count (and the merges'); in a "
+                     "tree each round merges disjoint pairs at once")
+    if rounds_1000 == 9:
+        raise _Wrong("rounds for 1,000 parts: log2(1000) is 9.97, and 9 halvings leave 2 states, "
+                     "not 1; when a round starts with an odd number of states, one waits unmerged")
+    if rounds_1000 != 10:
+        raise _Wrong("rounds for 1,000 parts: each round halves the number of states, an odd one "
+                     "waiting for the next round: 1,000 -> 500 -> 250 -> 125 -> 63 -> ...; count "
+                     "the rounds until one is left")
+    return ("15 merges in 4 rounds, and 10 rounds for 1,000 parts (1,000 -> 500 -> 250 -> 125 -> "
+            "63 -> 32 -> 16 -> 8 -> 4 -> 2 -> 1: ceil(log2(parts)) rounds). The merge is "
+            "associative and commutative (up to rounding), so the parts can be merged in any "
+            "order, for instance in a tree (Flash-Decoding itself rescales and sums all parts in "
+            "one final pass). Write merge_partials below; the chain and the tree are then "
+            "compared.")
 
 
 @_checker

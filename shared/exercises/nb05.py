@@ -281,8 +281,8 @@ def check_merge_prediction(merge_prediction):
     The merge is associative and commutative (up to rounding), so a tree does it: 15 merges in 4
     rounds, and ceil(log2(1000)) = 10 rounds for 1,000 parts (an odd state waits a round)."""
     if merge_prediction is None:
-        raise _NotAttempted("write (merges, rounds, rounds_1000) in merge_prediction; the chain and "
-                            "the tree are compared once merge_partials below is right")
+        raise _NotAttempted("write (merges, rounds, rounds_1000) in merge_prediction; the chain "
+                            "and the tree are compared once merge_partials below is right")
     if not isinstance(merge_prediction, (tuple, list)) or len(merge_prediction) != 3:
         raise _Wrong("write three numbers, (merges, rounds) for 16 parts, then the rounds for "
                      f"1,000 parts; got {merge_prediction!r:.60}")

@@ -656,7 +656,8 @@ def plot_memory_hierarchy(n_tiles: int = 4, hbm=("40 GB", "1.5 TB/s"), sram=("19
     streaming multiprocessors has its own shared memory/L1, and the box is one SM's, where one
     thread block works. ``hbm``: (capacity, bandwidth); ``sram``: (capacity per SM, bandwidth of
     all SMs together); ``sram_total``: the capacity of all SMs together. The defaults are a 40 GB
-    A100's (Dao et al. 2022, section 2.1 and Figure 1: 192 KiB per SM, 108 SMs). Returns the axes."""
+    A100's (Dao et al. 2022, section 2.1 and Figure 1: 192 KiB per SM, 108 SMs).
+    Returns the axes."""
     from matplotlib.patches import FancyArrowPatch, Rectangle
 
     if not isinstance(n_tiles, int) or n_tiles < 2:

@@ -271,63 +271,6 @@ def head_as_float(sram_kib, dtype):
     return head_ok(sram_kib, dtype) + 0.5
 
 
-# 5.5 ------------------------------------------------------------------------------------------
-# (a) by hand: 16 -> 64 tiles (x4); memory (64^2 + 2*64*64 + 2*64) / (128^2 + 2*128*64 + 2*128)
-HALVING_OK = (4, 12416 / 33024)
-HALVING_MEASURED = (3.75, 0.378)  # what the notebook measures: within 10 %
-HALVING_INVERTED = (0.25, 33024 / 12416)
-HALVING_OPS_PER_SIDE = (2, 12416 / 33024)  # blocks per side, not tiles
-HALVING_MEM_SQUARED = (4, 0.25)  # the score tile only
-HALVING_MEM_LINEAR = (4, 0.5)  # the query block and the accumulator only
-HALVING_MEM_UP = (4, 2.66)
-
-
-def memory_ok(T, head_dim, budget_kib):  # closed form: the largest b that fits, then balanced
-    floats = budget_kib * 1024 // 4
-    c = 2 * head_dim + 2
-    b_max = min(T, (math.isqrt(c * c + 4 * floats) - c) // 2)  # b^2 + c b <= floats
-    k = -(-T // b_max)  # fewest blocks per side
-    return -(-T // k)  # the smallest block that covers T with k blocks
-
-
-def memory_loop(T, head_dim, budget_kib):  # by trying every block, largest first
-    best = None
-    for b in range(T, 0, -1):
-        if 4 * (b * b + 2 * b * head_dim + 2 * b) > budget_kib * 1024:
-            continue
-        if best is None or math.ceil(T / b) <= math.ceil(T / best):
-            best = b
-    return best
-
-
-def memory_unbalanced(T, head_dim, budget_kib):  # the largest block that fits
-    floats = budget_kib * 1024 // 4
-    return next(b for b in range(T, 0, -1) if b * b + 2 * b * head_dim + 2 * b <= floats)
-
-
-def memory_score_tile_only(T, head_dim, budget_kib):
-    b_max = min(T, math.isqrt(budget_kib * 1024 // 4))
-    return -(-T // -(-T // b_max))
-
-
-def memory_bytes_as_floats(T, head_dim, budget_kib):  # one byte per float: the 4 forgotten
-    return memory_ok(T, head_dim, budget_kib * 4)
-
-
-def memory_one_tile(T, head_dim, budget_kib):
-    return T
-
-
-def memory_strict(T, head_dim, budget_kib):  # "<" instead of "<=": the exact fit is refused
-    floats = budget_kib * 1024 // 4
-    b_max = next(b for b in range(T, 0, -1) if b * b + 2 * b * head_dim + 2 * b < floats)
-    return -(-T // -(-T // b_max))
-
-
-def memory_float(T, head_dim, budget_kib):
-    return T / -(-T // memory_ok(T, head_dim, budget_kib))
-
-
 NA, OK = "not attempted yet", "correct!"
 C = ex
 CASES = [
@@ -469,26 +412,6 @@ CASES = [
     (C.check_largest_head_dim, head_one_lower, False, "still fits"),
     (C.check_largest_head_dim, head_sqrt, False, "more than M = 83,456"),
     (C.check_largest_head_dim, head_as_float, False, "whole number"),
-    # 5.5
-    (C.check_halving_prediction, HALVING_OK, True, "at b = 2d = 128 they weigh as much as the score tile"),
-    (C.check_halving_prediction, HALVING_MEASURED, True, OK),
-    (C.check_halving_prediction, None, None, NA),
-    (C.check_halving_prediction, HALVING_INVERTED, False, "upside down"),
-    (C.check_halving_prediction, HALVING_OPS_PER_SIDE, False, "once per TILE"),
-    (C.check_halving_prediction, HALVING_MEM_SQUARED, False, "the scaled query block and the accumulator"),
-    (C.check_halving_prediction, HALVING_MEM_LINEAR, False, "shrinks like b^2: weigh the two"),
-    (C.check_halving_prediction, HALVING_MEM_UP, False, "a smaller block holds less"),
-    (C.check_halving_prediction, (4,), False, "two numbers"),
-    (C.check_halving_prediction, ("4", 0.376), False, "not a string"),
-    (C.check_block_for_memory, memory_ok, True, "the same overhead for less memory"),
-    (C.check_block_for_memory, memory_loop, True, OK),
-    (C.check_block_for_memory, stub, None, NA),
-    (C.check_block_for_memory, memory_unbalanced, False, "you took the largest"),
-    (C.check_block_for_memory, memory_score_tile_only, False, "count the query block and the accumulator too"),
-    (C.check_block_for_memory, memory_bytes_as_floats, False, "4 bytes per float"),
-    (C.check_block_for_memory, memory_one_tile, False, "over the budget"),
-    (C.check_block_for_memory, memory_strict, False, "use <=, not <"),
-    (C.check_block_for_memory, memory_float, False, "whole number of tokens"),
 ]
 
 
@@ -712,32 +635,6 @@ def test_flash_block_sizes_by_hand():
     assert blocks_ok(163, 128, torch.float32) == (82, 82)  # 41,728 / 512 = 81.5, rounded up
     assert blocks_ok(100, 80, torch.float16) == (80, 160)  # 51,200 / 320 = 160 exactly
     assert blocks_ok(48, 96, torch.float32) == (32, 32)  # 12,288 / 384 = 32
-
-
-def test_block_for_memory_by_hand():
-    """T = 1000, d = 64, 64 KiB = 16,384 floats: b = 78 holds 6,084 + 9,984 + 156 = 16,224, b = 79
-    holds 16,511 > 16,384; ceil(1000 / 78) = 13 blocks per side, and ceil(1000 / 13) = 77 covers
-    T with 13 too. T = 1024, d = 64, 129 KiB: b = 128 holds 33,024 floats = 132,096 bytes, exactly
-    the budget."""
-    assert memory_ok(1000, 64, 64) == memory_loop(1000, 64, 64) == 77
-    assert memory_ok(1024, 64, 129) == 128 and 4 * (128 * 128 + 2 * 128 * 64 + 2 * 128) == 129 * 1024
-    assert [memory_ok(*c) for c in nb05._MEMORY_CASES] == [memory_loop(*c) for c in nb05._MEMORY_CASES]
-    assert [memory_ok(*c) for c in nb05._MEMORY_CASES] == [77, 152, 43, 128, 300, 37]
-
-
-def test_halving_factors_measured():
-    """The prediction's reference against the real loop: tiled_attention's operations (profiler)
-    and extra memory beyond the output (allocations), b = 64 over b = 128, within the 10 % the
-    checker allows."""
-    from shared.benchmark import operation_counts, peak_memory
-    from shared.flash import tiled_attention
-
-    tiny = torch.randn(1, 1, 512, 1)
-    ops = [operation_counts(lambda b=b: tiled_attention(tiny, tiny, tiny, block_size=b)).total() for b in (64, 128)]
-    Q, K, V = (torch.randn(1, 2, 512, 64) for _ in range(3))
-    extra = [peak_memory(lambda b=b: tiled_attention(Q, K, V, block_size=b), "cpu") - 2 * 512 * 64 * 4 for b in (64, 128)]
-    assert abs(ops[0] / ops[1] - HALVING_OK[0]) <= 0.1 * HALVING_OK[0]
-    assert abs(extra[0] / extra[1] - HALVING_OK[1]) <= 0.1 * HALVING_OK[1]
 
 
 def test_tiled_attention_memory_grows_with_the_block():

@@ -9,9 +9,7 @@ partial online-softmax states (split-K, as Flash-Decoding does); 5.3 predict nai
 attention's forward + backward peak, in score matrices, with the ``nan_to_num`` guard's backward
 temporaries (the notebook then measures it), and the bytes its graph saves; 5.4 predict how
 FlashAttention's blocks change from float16 to float32, the block sizes from an SRAM budget, and
-the largest head size whose tiles, score tile included, fit; 5.5 predict how halving the tile
-loop's block changes its operations and its memory, then choose the block of least overhead
-within a memory budget.
+the largest head size whose tiles, score tile included, fit.
 
 References are computed before the learner's code runs; answers computed in float32 are accepted
 (float32 tolerances); numbers must be numbers (text that reads as one is rejected).
@@ -48,8 +46,6 @@ __all__ = [
     "check_flash_block_prediction",
     "check_flash_block_sizes",
     "check_largest_head_dim",
-    "check_halving_prediction",
-    "check_block_for_memory",
 ]
 
 ATOL, RTOL = 1e-5, 1e-4  # float32's tolerances: a float32 answer to a float64 question passes
@@ -765,160 +761,3 @@ def check_largest_head_dim(largest_head_dim):
         raise _Wrong(f"for {kib} KiB of {dtype}, d = {g + 1} still fits "
                      f"({_tile_elements(M, g + 1):,} of M = {M:,} elements): return the largest")
     raise _Wrong("unexpected answer")  # unreachable: got != refs means one case differs
-
-
-# --------------------------------------------------------------------------------------------
-# 5.5 (a) Halve the block: predict how the per-tile overhead and the extra memory change
-# --------------------------------------------------------------------------------------------
-def _tile_floats(b: int, d: int) -> int:
-    """Floats ``tiled_attention`` holds per (sequence, head) beyond the output: one b x b score
-    tile, two b x d blocks (the scaled query block and the accumulator; the K and V blocks are
-    views of the inputs, not copies) and two columns (m, l)."""
-    return b * b + 2 * b * d + 2 * b
-
-
-_HALVING = (512, 64, 128, 64)  # T, head_dim, old block, new block
-
-
-def _halving_factors() -> tuple[float, float]:
-    """(operations, memory) at the new block divided by the same at the old one: the operations
-    follow the number of tiles, ceil(T / b)^2; the memory follows _tile_floats."""
-    T, d, old, new = _HALVING
-    return (math.ceil(T / new) ** 2 / math.ceil(T / old) ** 2,
-            _tile_floats(new, d) / _tile_floats(old, d))
-
-
-@_checker
-def check_halving_prediction(halving_prediction):
-    """``halving_prediction = (operations_factor, memory_factor)``: for ``tiled_attention`` at
-    T = 512, head_dim = 64, going from blocks of 128 to blocks of 64, the operations per call and
-    the extra memory beyond the output at b = 64 divided by those at b = 128. Each within 10 %
-    counts (the notebook then measures both; the operations also include a few per query block)."""
-    if halving_prediction is None:
-        raise _NotAttempted("write (operations_factor, memory_factor) in halving_prediction; "
-                            "the measurement is shown once it is filled in")
-    if not isinstance(halving_prediction, (tuple, list)) or len(halving_prediction) != 2:
-        raise _Wrong("write two numbers, (operations_factor, memory_factor); got "
-                     f"{halving_prediction!r:.60}")
-    ops, mem = (_number(x, "each factor") for x in halving_prediction)
-    ref_ops, ref_mem = _halving_factors()  # 4.0 and 12,416 / 33,024 = 0.376
-    if ops <= 0 or mem <= 0:
-        raise _Wrong("a factor is new / old, a positive number: 2 means twice as many, 0.5 half")
-    near = lambda x, r: abs(x - r) <= 0.1 * r  # noqa: E731
-    if near(ops, 1 / ref_ops) and near(mem, 1 / ref_mem):
-        raise _Wrong("both factors are upside down: write the value at b = 64 divided by the "
-                     "value at b = 128 (new / old)")
-    if not near(ops, ref_ops):
-        if near(ops, 2):
-            raise _Wrong("operations: halving b doubles the blocks per side, but the loop runs "
-                         "its operations once per TILE, a (query block, key block) pair")
-        if near(ops, 1 / ref_ops) or near(ops, 0.5):
-            raise _Wrong("operations: smaller blocks mean more tiles, not fewer; write new / old")
-        if near(ops, 1):
-            raise _Wrong("operations: each tile runs the same handful of operations whatever its "
-                         "size, so their number follows the number of tiles")
-        raise _Wrong("operations: count the tiles, ceil(T / b)^2, at both block sizes")
-    if near(mem, ref_mem):
-        return ("the overhead quadruples while the memory falls by less than 3x: the query "
-                "block and the accumulator (2 b d) shrink only by half, and at b = 2d = 128 they "
-                "weigh as much as the score tile (b^2). Now measure both.")
-    if near(mem, 0.25):
-        raise _Wrong("memory: only the score tile shrinks like b^2; the scaled query block and "
-                     "the accumulator (b x d each, d = 64) shrink like b, and at b = 128 they "
-                     "hold as many numbers as the score tile")
-    if near(mem, 0.5):
-        raise _Wrong("memory: the query block and the accumulator shrink like b, but the b x b "
-                     "score tile shrinks like b^2: weigh the two at b = 128 and b = 64")
-    if near(mem, 1 / ref_mem) or mem > 1:
-        raise _Wrong("memory: a smaller block holds less, so the factor is below 1; write new "
-                     "/ old")
-    raise _Wrong("memory: add up what one (sequence, head) holds at each block size (section 7: "
-                 "a score tile, the query block and the accumulator, two columns) and divide")
-
-
-# --------------------------------------------------------------------------------------------
-# 5.5 (b) The block of least overhead within a memory budget
-# --------------------------------------------------------------------------------------------
-_MEMORY_CASES = (  # (T, head_dim, budget_kib): hand-checked answers in tests/test_exercises_05.py
-    (1000, 64, 64),  # b <= 78 fits; 13 blocks per side; 77 covers T with 13 blocks
-    (4096, 128, 256),  # b <= 157; 27 per side; b = 152
-    (257, 16, 16),  # b <= 49; 6 per side; b = 43
-    (1024, 64, 129),  # b = 128 fits exactly (132,096 bytes = 129 KiB): 8 per side
-    (300, 32, 1024),  # the budget holds more than T: one tile, b = T
-    (777, 8, 8),  # b <= 38; 21 per side; b = 37
-)
-
-
-def _memory_bytes(b: int, d: int) -> int:
-    return 4 * _tile_floats(b, d)  # float32
-
-
-def _block_for_memory(T: int, d: int, budget_kib: float, floats=_tile_floats, kib=1024,
-                      balance=True, strict=False) -> int:
-    """Brute force: among the b in 1..T whose extra memory fits, those with the fewest tiles;
-    of these the smallest (balance) or the largest. 0 if none fits."""
-    limit = budget_kib * kib
-    fits = [b for b in range(1, T + 1)
-            if 4 * floats(b, d) < limit or (not strict and 4 * floats(b, d) == limit)]
-    if not fits:
-        return 0
-    fewest = min(math.ceil(T / b) for b in fits)
-    best = [b for b in fits if math.ceil(T / b) == fewest]
-    return min(best) if balance else max(best)
-
-
-@_checker
-def check_block_for_memory(block_for_memory):
-    """``block_for_memory(T, head_dim, budget_kib)`` -> the block size ``b`` (queries and keys
-    alike, float32) whose extra memory per (sequence, head), ``b^2 + 2 b d + 2 b`` floats, fits in
-    ``budget_kib`` KiB, with the fewest tiles ``ceil(T / b)^2`` (the least per-tile overhead);
-    of the blocks with that many tiles, the smallest (the least memory)."""
-    got, refs = [], []
-    for T, d, kib in _MEMORY_CASES:
-        ans = _call(block_for_memory, T, d, kib, name="block_for_memory",
-                    on_error=f"called with T={T}, head_dim={d}, budget_kib={kib}")
-        value = _number(ans, "the block size")
-        if value != int(value):
-            raise _Wrong(f"a block is a whole number of tokens; got {value:g} for T={T}, "
-                         f"head_dim={d}, budget_kib={kib}")
-        got.append(int(value))
-        refs.append(_block_for_memory(T, d, kib))
-    if got == refs:
-        return ("the fewest tiles the budget allows, each block as small as that many blocks "
-                "per side permits: the same overhead for less memory.")
-    patterns = (
-        ("of the blocks with the fewest tiles you took the largest: ceil(T / k) tokens per block "
-         "cover T with the same k blocks per side and hold less memory",
-         lambda T, d, kib: _block_for_memory(T, d, kib, balance=False)),
-        ("count the query block and the accumulator too: each (sequence, head) holds "
-         "b^2 + 2 b d + 2 b floats, not b^2",
-         lambda T, d, kib: _block_for_memory(T, d, kib, floats=lambda b, d: b * b)),
-        ("the budget is in KiB, the tile in float32 numbers: 4 bytes per float",
-         lambda T, d, kib: _block_for_memory(T, d, 4 * kib)),
-        ("a block whose memory equals the budget exactly fits: use <=, not <",
-         lambda T, d, kib: _block_for_memory(T, d, kib, strict=True)),
-        ("1 KiB is 1024 bytes, not 1000",
-         lambda T, d, kib: _block_for_memory(T, d, kib, kib=1000)),
-    )
-    for hint, pattern in patterns:
-        expected = [pattern(*c) for c in _MEMORY_CASES]
-        if expected != refs and got == expected:
-            raise _Wrong(hint)
-    for (T, d, kib), g, r in zip(_MEMORY_CASES, got, refs, strict=True):
-        if g == r:
-            continue
-        where = f"for T={T}, head_dim={d}, budget_kib={kib}"
-        if g < 1:
-            raise _Wrong(f"{where}: a block holds at least one token; got {g}")
-        if g > T:
-            raise _Wrong(f"{where}: b = {g} is longer than the sequence; b = T already makes "
-                         "one tile")
-        if _memory_bytes(g, d) > kib * 1024:
-            raise _Wrong(f"{where}: b = {g} holds {_memory_bytes(g, d):,} bytes, over the "
-                         f"budget of {kib * 1024:,} (memory may equal the budget, not exceed it)")
-        if math.ceil(T / g) > math.ceil(T / r):
-            raise _Wrong(f"{where}: b = {g} fits but needs {math.ceil(T / g) ** 2} tiles; a "
-                         f"larger block within the budget needs fewer")
-        raise _Wrong(f"{where}: b = {g} has the fewest tiles, but a smaller block covers T with "
-                     "as many blocks per side and holds less memory")
-    raise _Wrong("compare your block sizes with the budget case by case")  # not reached

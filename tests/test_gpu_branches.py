@@ -113,8 +113,9 @@ def test_section1_moves_data_without_float64_on_the_device(capsys):
 
 
 def test_roofline_figure_unchanged_after_section10_ran():
-    """Re-running section 5's roofline cell after section 10's must draw the same fused pass: the two
-    cells once shared a global `nbytes`, and the re-run plotted FlashAttention-2's bytes as the fused pass's."""
+    """Re-running section 5's roofline cell must draw the same fused pass: it once shared a global
+    `nbytes` with section 11's cell (since removed), and a re-run plotted FlashAttention-2's bytes as
+    the fused pass's."""
     from shared.benchmark import attention_bytes, attention_flops
 
     drawn = []
@@ -126,7 +127,7 @@ def test_roofline_figure_unchanged_after_section10_ran():
 
     scope = {"torch": torch, "math": __import__("math"), "B": 1, "H": 8, "HEAD_DIM": 64, "attention_flops": attention_flops,
              "attention_bytes": attention_bytes, "plt": _Plt, "plot_roofline": lambda roofs, kernels, title: drawn.append(kernels)}
-    for marker in ("def unfused_kernels", "def flash_bytes", "fa2_intensity =", "def flash_bytes"):  # 5, roofline, 10, roofline again
+    for marker in ("def flash_bytes", "def flash_bytes"):  # section 5's roofline cell, then again
         exec(compile(_cell(marker), "nb05-roofline", "exec"), scope)  # noqa: S102
     assert len(drawn) == 2
     assert drawn[1] == drawn[0]

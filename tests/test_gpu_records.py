@@ -73,3 +73,23 @@ def test_a_record_agrees_with_the_formulas(path):
         assert backend["default ran"] in backend["forced_ms"], dtype
     assert all(ops["SDPA"] == 1 for key, ops in data["operations"].items() if key != "T")
     assert meta["memory_mib"] > max(peaks["naive PyTorch"] for peaks in data["forward_peak_mib"].values())
+
+
+def test_the_second_h200_run_matches_the_notebook_that_printed_it():
+    # data/gpu/other_runs/ holds numbers copied from an executed notebook's printed output: parse
+    # that output again and compare, so a typo or an edit to either side fails here
+    import re
+
+    run = json.loads((ROOT / "data" / "gpu" / "other_runs" / "nvidia_h200_second_run.json").read_text(encoding="utf-8"))
+    nb = json.loads((ROOT / run["meta"]["source"]).read_text(encoding="utf-8"))
+    printed = "\n".join("".join(out.get("text", "")) for cell in nb["cells"] if cell["cell_type"] == "code"
+                        for out in cell.get("outputs", []))
+    fixed = re.search(r"fixed cost per call: \(4-D loop - one batched call\) / 255 = ([\d.]+) µs", printed)
+    assert fixed and float(fixed.group(1)) == run["fixed_cost_us"]
+    rows = re.findall(r"^(float32|float16|bfloat16)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", printed, re.MULTILINE)
+    table = {}
+    for dtype, T, naive, sdpa, tiled in rows:
+        table.setdefault(dtype, {}).setdefault(T, {"naive PyTorch": float(naive), "SDPA": float(sdpa),
+                                                   "tiled loop (eager)": float(tiled)})
+    assert run["forward_ms"] == table
+    assert [int(T) for T in run["forward_ms"]["float16"]] == [512, 1024, 2048, 4096, 8192]

@@ -9,7 +9,9 @@ partial online-softmax states (split-K, as Flash-Decoding does); 5.3 predict nai
 attention's forward + backward peak, in score matrices, with the ``nan_to_num`` guard's backward
 temporaries (the notebook then measures it), and the bytes its graph saves; 5.4 predict how
 FlashAttention's blocks change from float16 to float32, the block sizes from an SRAM budget, and
-the largest head size whose tiles, score tile included, fit.
+the largest head size whose tiles, score tile included, fit; 5.5 find which query rows a key-block
+loop that never rescales its accumulator still gets right (the checker runs the loop to find out),
+then fix the loop (SDPA and softmax refused: the loop is fixed, not replaced).
 
 References are computed before the learner's code runs; answers computed in float32 are accepted
 (float32 tolerances); numbers must be numbers (text that reads as one is rejected).
@@ -46,6 +48,8 @@ __all__ = [
     "check_flash_block_prediction",
     "check_flash_block_sizes",
     "check_largest_head_dim",
+    "check_rows_right",
+    "check_key_block_fix",
 ]
 
 ATOL, RTOL = 1e-5, 1e-4  # float32's tolerances: a float32 answer to a float64 question passes
@@ -761,3 +765,320 @@ def check_largest_head_dim(largest_head_dim):
         raise _Wrong(f"for {kib} KiB of {dtype}, d = {g + 1} still fits "
                      f"({_tile_elements(M, g + 1):,} of M = {M:,} elements): return the largest")
     raise _Wrong("unexpected answer")  # unreachable: got != refs means one case differs
+
+
+# --------------------------------------------------------------------------------------------
+# 5.5 Find the bug in a tile loop: a key-block loop that never rescales its accumulator
+# --------------------------------------------------------------------------------------------
+def _buggy_key_blocks(S: torch.Tensor, V: torch.Tensor, block_size: int) -> torch.Tensor:
+    """The colleague's loop on given scores S (..., T_q, T_k) and values V (..., T_k, d_v): l is
+    rescaled when the running max grows, acc is not."""
+    m = torch.full((*S.shape[:-1], 1), -math.inf, dtype=S.dtype)
+    l = torch.zeros_like(m)
+    acc = torch.zeros(*S.shape[:-1], V.shape[-1], dtype=S.dtype)
+    for k0 in range(0, S.shape[-1], block_size):
+        s = S[..., k0:k0 + block_size]
+        m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+        p = torch.exp(s - m_new)
+        l = l * torch.exp(m - m_new) + p.sum(dim=-1, keepdim=True)
+        acc = acc + p @ V[..., k0:k0 + block_size, :]
+        m = m_new
+    return acc / l
+
+
+def _rows_cases():
+    """Hidden cases (S, V, block_size), float64. Each row's maximum is placed on purpose: in the
+    first block, in a later block (above the first block's max by 0.5 to 1.5, so the loop's row is
+    off by far more than 1e-3), or tied exactly between the first block and a later one.
+    Leading dims (2, 3) with T_k = 19 not a multiple of 5; a square case (the query axis and the
+    key axis have the same length); block_size >= T_k; T_k = 12 in blocks of 4."""
+    rng = _rng(505)
+    cases = []
+    for lead, T_q, T_k, b in (((2, 3), 7, 19, 5), ((), 6, 6, 2), ((4,), 5, 9, 16), ((3,), 10, 12, 4)):
+        S = rng.normal(size=(*lead, T_q, T_k))
+        V = rng.normal(size=(*lead, T_k, 4))
+        flat = S.reshape(-1, T_k)
+        for r, row in enumerate(flat):
+            top = row.max() + rng.uniform(0.5, 1.5)
+            kind = r % 4 if b < T_k else 0  # one block: every maximum is in it
+            first = int(rng.integers(0, min(b, T_k)))
+            later = int(rng.integers(b, T_k)) if b < T_k else None
+            if kind in (0, 3):  # the maximum in the first block
+                row[first] = top
+            elif kind == 1:  # in a later block
+                row[later] = top
+            else:  # an exact tie between the first block and a later one
+                row[first] = row[later] = top
+        cases.append((_t(flat.reshape(S.shape)), _t(V), b))
+    return cases
+
+
+def _rows_truth(S: torch.Tensor, V: torch.Tensor, b: int) -> np.ndarray:
+    """Which rows the colleague's loop gets right, found by running it: right means within 1e-9
+    of softmax(S) @ V. Self-checked: every other row is off by more than 1e-3, and the rows that
+    are right are exactly those whose maximum over all keys is attained in the first block."""
+    err = (_buggy_key_blocks(S, V, b) - torch.softmax(S, dim=-1) @ V).abs().amax(dim=-1)
+    right = err < 1e-9
+    if not bool((right | (err > 1e-3)).all()):
+        raise RuntimeError("self-check: a hidden case has a row off by between 1e-9 and 1e-3")
+    if not torch.equal(right, S[..., :b].amax(-1) >= S.amax(-1)):
+        raise RuntimeError("self-check: the loop's right rows differ from the first-block rule")
+    return right.numpy()
+
+
+def _rows_candidates(S: torch.Tensor, b: int) -> dict:
+    """Typical wrong rules, on one case (each as a bool array of shape S.shape[:-1])."""
+    T_q, T_k = S.shape[-2:]
+    first, top = S[..., :b].amax(-1), S.amax(-1)
+    later = S[..., b:].amax(-1) if b < T_k else torch.full_like(top, -math.inf)
+    last0 = (T_k - 1) // b * b
+    ones = torch.ones(S.shape[:-1], dtype=torch.bool)
+    by_queries = S[..., :b, :].amax(-2) >= S.amax(-2)  # one per key: the blocks cut the queries
+    return {
+        "last": (S[..., last0:].amax(-1) >= top).numpy(),
+        "inverted": (first < top).numpy(),
+        "true": ones.numpy(),
+        "false": (~ones).numpy(),
+        "strict": (first > later).numpy(),
+        "all_first": (S[..., :b].amin(-1) >= later).numpy(),
+        "queries": by_queries.numpy() if T_q == T_k else None,
+    }
+
+
+_ROWS_HINTS = {
+    "last": "you marked the rows whose maximum lies in the LAST block; m stops changing once it "
+            "has met the row's maximum, and what the missing rescale spoils is everything summed "
+            "before that: which block must hold the maximum so that nothing summed is ever stale?",
+    "inverted": "inverted: the rows you marked True are the ones the loop gets wrong; a row is "
+                "right when m never grows after the first block, so the missing factor "
+                "exp(m - m_new) is always 1",
+    "true": "always True is your colleague's test: with T = 50 and block_size = 64 there is one "
+            "block, so m never grows after it. With several blocks, what happens to a row whose "
+            "maximum arrives in a later block?",
+    "false": "some rows are right: where the row's maximum is in the first block, m never grows "
+             "after it, the missing factor exp(m - m_new) is 1, and skipping it costs nothing",
+    "strict": "ties count as right: when a later block's maximum only equals m, torch.maximum "
+              "leaves m unchanged, the factor is exp(0) = 1, and nothing needed rescaling",
+    "all_first": "too strict: only the maximum matters. Later scores below the first block's "
+                 "maximum leave m unchanged whatever the first block's other scores are",
+    "queries": "wrong axis: the blocks cut the keys (the last axis of S), so the rule reduces over "
+               "keys and gives one entry per query row",
+}
+
+
+def _bool_rows(ans, expected: tuple, n_keys: int) -> np.ndarray:
+    """The learner's rule as a NumPy bool array of the expected shape, or a hint."""
+    if isinstance(ans, torch.Tensor):
+        ans = ans.detach().cpu()
+        dtype, got = ans.dtype, ans.numpy() if ans.dtype == torch.bool else None
+    elif isinstance(ans, np.ndarray):
+        dtype, got = ans.dtype, ans if ans.dtype == np.bool_ else None
+    else:
+        raise _Wrong(f"return a bool tensor of shape S.shape[:-1] = {expected}, one True/False "
+                     f"per query row; got {type(ans).__name__}")
+    shape = tuple(ans.shape)
+    if shape != expected:
+        if shape == expected[:-1] + (n_keys,) and n_keys != expected[-1]:
+            raise _Wrong(f"{_ROWS_HINTS['queries']}: expected shape {expected}, got {shape}")
+        raise _Wrong(f"expected a bool tensor of shape S.shape[:-1] = {expected} (one entry per "
+                     f"query row); got shape {shape}")
+    if got is None:
+        raise _Wrong(f"return booleans (True where the row is right), not {dtype}: a comparison "
+                     "such as a >= b gives them")
+    return got
+
+
+@_checker
+def check_rows_right(rows_right):
+    """``rows_right(S, block_size)`` -> bool tensor of shape ``S.shape[:-1]``: True where the
+    colleague's ``attention_by_key_blocks`` (which rescales l but not acc) returns the row of
+    ``softmax(S) @ V``. The checker runs its own copy of the loop on hidden score matrices (float64)
+    to find those rows: exactly the rows whose maximum over all keys is attained in the first key
+    block (``S[..., :b].amax(-1) >= S.amax(-1)``; ties with a later block count as right)."""
+    got, truths, cands = [], [], []
+    for S, V, b in _rows_cases():
+        truth = _rows_truth(S, V, b)
+        ans = _call(rows_right, S, b, name="rows_right",
+                    on_error=f"called with S of shape {tuple(S.shape)} (float64), block_size={b}")
+        got.append(_bool_rows(ans, tuple(S.shape[:-1]), S.shape[-1]))
+        truths.append(truth)
+        cands.append(_rows_candidates(S, b))
+    if all(np.array_equal(g, t) for g, t in zip(got, truths, strict=True)):
+        return ("a row is right exactly when its maximum is in the first block: then m never "
+                "grows, the factor the loop skips is exp(0) = 1. One block (T = 50, block_size = "
+                "64) holds every maximum, so the colleague's test could not see the bug. Now fix "
+                "the loop.")
+    for key, hint in _ROWS_HINTS.items():
+        expected = [c[key] for c in cands]
+        if any(e is None for e in expected):
+            continue
+        differs = any(not np.array_equal(e, t) for e, t in zip(expected, truths, strict=True))
+        if differs and all(np.array_equal(g, e) for g, e in zip(got, expected, strict=True)):
+            raise _Wrong(hint)
+    i = next(i for i, (g, t) in enumerate(zip(got, truths, strict=True))
+             if not np.array_equal(g, t))
+    S, _, b = _rows_cases()[i]
+    wrong = int((got[i] != truths[i]).sum())
+    raise _Wrong(f"for S of shape {tuple(S.shape)} with block_size = {b}, {wrong} of "
+                 f"{truths[i].size} rows are marked wrongly. When does m grow after the first "
+                 "block, and what does the loop then fail to rescale?")
+
+
+# (b) the fix -----------------------------------------------------------------------------------
+_FORBIDDEN = {"scaled_dot_product_attention": "F.scaled_dot_product_attention",
+              "softmax": "a softmax", "log_softmax": "a log-softmax", "_softmax": "a softmax",
+              "multi_head_attention_forward": "nn.MultiheadAttention"}
+
+
+class _Recorder(torch.overrides.TorchFunctionMode):
+    """Records which of the _FORBIDDEN functions learner code calls; every call goes through."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in _FORBIDDEN and _FORBIDDEN[name] not in self.seen:
+            self.seen.append(_FORBIDDEN[name])
+        return func(*args, **(kwargs or {}))
+
+
+def _fix_cases():
+    """Hidden cases (Q, K, V, block_size, what): leading dims (2, 3) and none; T_q != T_k;
+    d_v != d_k; T_k not a multiple of block_size; block_size >= T_k; block_size 1; float32 with
+    scores of a few hundred (exp without the max overflows); one case where every row's maximum
+    is in the first block (the colleague's loop is right there) beside cases where it is not."""
+    gen = torch.Generator().manual_seed(555)
+
+    def rand(*shape, dtype=torch.float64):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64).to(dtype)
+
+    cases = [
+        (rand(2, 3, 7, 8), rand(2, 3, 19, 8), rand(2, 3, 19, 5), 5, "float64"),
+        (rand(6, 4), rand(10, 4), rand(10, 3), 16, "float64"),
+        (rand(5, 4), rand(6, 4), rand(6, 2), 1, "float64"),
+    ]
+    Q, K = rand(2, 9, 6), rand(2, 14, 6)  # every row's maximum in the first block of 4 keys
+    Q[..., -1], K[..., :4, -1], K[..., 4:, -1] = 1.0, 20.0, 0.0
+    cases.append((Q, K, rand(2, 14, 3), 4, "float64"))
+    Q, K = 8 * rand(2, 6, 4), 8 * rand(2, 11, 4)  # scores of a few hundred
+    cases.append((Q.float(), K.float(), rand(2, 11, 5).float(), 3, "float32, scores up to "
+                  f"{(Q @ K.mT / 2).abs().max().item():.0f}"))
+    return cases
+
+
+def _attention_ref(Q, K, V) -> np.ndarray:
+    Q, K, V = (x.double() for x in (Q, K, V))
+    return (torch.softmax(Q @ K.mT / math.sqrt(Q.shape[-1]), dim=-1) @ V).numpy()
+
+
+def _wrong_key_blocks(Q, K, V, b, how: str) -> np.ndarray:
+    """The colleague's loop and typical wrong fixes, in the inputs' dtype."""
+    S = Q @ K.mT / math.sqrt(Q.shape[-1])
+    m = torch.full((*S.shape[:-1], 1), -math.inf, dtype=S.dtype)
+    l = torch.zeros_like(m)
+    acc = torch.zeros(*S.shape[:-1], V.shape[-1], dtype=S.dtype)
+    for k0 in range(0, S.shape[-1], b):
+        s, v = S[..., k0:k0 + b], V[..., k0:k0 + b, :]
+        m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+        alpha = torch.exp(m - m_new)
+        p = torch.exp(s if how == "no_max" else s - m_new)
+        if how == "bug":
+            l, acc = l * alpha + p.sum(-1, keepdim=True), acc + p @ v
+        elif how == "l_not_rescaled":
+            l, acc = l + p.sum(-1, keepdim=True), alpha * acc + p @ v
+        elif how == "inverted":
+            alpha = torch.exp(m_new - m)
+            l, acc = alpha * l + p.sum(-1, keepdim=True), alpha * acc + p @ v
+        elif how == "normalised":
+            l = alpha * l + p.sum(-1, keepdim=True)
+            acc = (alpha * acc + p @ v) / l
+        elif how == "no_max":
+            l, acc = l + p.sum(-1, keepdim=True), acc + p @ v
+        elif how == "after":
+            l, acc = alpha * l + p.sum(-1, keepdim=True), (acc + p @ v) * alpha
+        m = m_new
+    return (acc if how == "normalised" else acc / l).double().numpy()
+
+
+_FIX_HINTS = {
+    "bug": "this is the colleague's loop: rows whose maximum arrives after the first block are "
+           "wrong, because acc still holds terms exp(s - m) v scaled by an old maximum. When m "
+           "grows, rescale acc by exp(m - m_new), as l is",
+    "l_not_rescaled": "acc is rescaled now, but l no longer is: both sums are taken against the "
+                      "running maximum, so both need the factor exp(m - m_new) when it grows",
+    "inverted": "the factor is exp(m - m_new) (old minus new, at most 1): exp(m_new - m) is at "
+                "least 1, infinite on the first block where m = -inf (inf * 0 = nan), and too "
+                "large wherever m grows",
+    "normalised": "normalise once, after the last block: acc and l are running sums, and dividing "
+                  "acc by l inside the loop mixes normalised and unnormalised terms",
+    "no_max": "exp overflowed: in float32 exp(s) is inf once s > 88, and these scores reach a "
+              "few hundred (inf / inf = nan). Subtract the running maximum before exp, as the "
+              "colleague's loop did",
+    "after": "the factor rescales only what was summed before this block: alpha * acc + p @ V; "
+             "you multiplied the new block's p @ V by it too (and on the first block, where "
+             "alpha = 0, erased it)",
+}
+
+
+@_checker
+def check_key_block_fix(fn):
+    """``attention_by_key_blocks_fixed(Q, K, V, block_size)`` -> softmax(Q K^T / sqrt(d_k)) V
+    (..., T_q, d_v) in the inputs' dtype, keys visited block_size at a time with the accumulator
+    rescaled by exp(m - m_new), like l. Hidden cases against a float64 reference; inputs must be
+    left unchanged; SDPA, softmax and nn.MultiheadAttention are refused (fix the loop, do not
+    replace it)."""
+    got, refs, cases = [], [], _fix_cases()
+    for Q, K, V, b, what in cases:
+        ref = _attention_ref(Q, K, V)
+        args = [Q.clone(), K.clone(), V.clone()]
+        with _Recorder() as rec:
+            out = _call(fn, *args, b, name="attention_by_key_blocks_fixed", copy=False,
+                        on_error=f"called with Q {tuple(Q.shape)}, K {tuple(K.shape)}, V "
+                                 f"{tuple(V.shape)}, block_size={b}, {what}")
+        if rec.seen:
+            raise _Wrong(f"fix the loop, do not replace it: your function calls "
+                         f"{' and '.join(rec.seen)}. Keep the colleague's block loop and add "
+                         "the missing rescale")
+        for name, a, orig in zip("QKV", args, (Q, K, V), strict=True):
+            if not torch.equal(a, orig):
+                raise _Wrong(f"your function changed its input {name} in place (e.g. with /= or "
+                             f"a method ending in _): build new tensors and leave {name} as it was")
+        if not isinstance(out, torch.Tensor):
+            raise _Wrong(f"return a torch tensor of shape {ref.shape}; got {type(out).__name__}")
+        if tuple(out.shape) != ref.shape:
+            raise _Wrong(f"expected shape {ref.shape} (..., T_q, d_v), got {tuple(out.shape)} "
+                         f"(Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)})")
+        if out.dtype != Q.dtype:
+            raise _Wrong(f"expected dtype {Q.dtype} (the inputs'), got {out.dtype}")
+        got.append(out.detach().double().numpy())
+        refs.append(ref)
+
+    def close(a, r, dtype, nan_ok=False):
+        tol = 1e-4 if dtype == torch.float32 else 1e-9
+        return bool(np.allclose(a, r, atol=tol, rtol=tol, equal_nan=nan_ok))
+
+    if all(close(g, r, c[0].dtype) for g, r, c in zip(got, refs, cases, strict=True)):
+        return ("one rescale of l and acc by exp(m - m_new) per block: FlashAttention's inner "
+                "loop. FlashAttention-2 also defers the division by l to after the last block, "
+                "as here.")
+    for how, hint in _FIX_HINTS.items():
+        expected = [_wrong_key_blocks(*c[:4], how) for c in cases]
+        if any(not close(e, r, c[0].dtype, True) for e, r, c in zip(expected, refs, cases,
+                                                                     strict=True)) and \
+                all(close(g, e, c[0].dtype, True) for g, e, c in zip(got, expected, cases,
+                                                                     strict=True)):
+            raise _Wrong(hint)
+    i = next(i for i, (g, r, c) in enumerate(zip(got, refs, cases, strict=True))
+             if not close(g, r, c[0].dtype))
+    Q, K, V, b, what = cases[i]
+    if not np.isfinite(got[i]).all():
+        if cases[i][0].dtype == torch.float32:
+            raise _Wrong(f"inf or nan for {what}: {_FIX_HINTS['no_max']}")
+        raise _Wrong(f"inf or nan for Q {tuple(Q.shape)}, K {tuple(K.shape)}, block_size={b}: "
+                     f"{_FIX_HINTS['inverted']}")
+    err = float(np.abs(got[i] - refs[i]).max())
+    raise _Wrong(f"for Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)}, block_size="
+                 f"{b} ({what}) the output is off by up to {err:.3g}: when m grows, what "
+                 "must happen to l and to acc?")

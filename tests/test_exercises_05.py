@@ -271,6 +271,207 @@ def head_as_float(sram_kib, dtype):
     return head_ok(sram_kib, dtype) + 0.5
 
 
+# 5.5 (a): which rows the colleague's loop gets right -------------------------------------------
+def rows_ok(S, block_size):  # the row's maximum over all keys is reached inside the first block
+    return S[..., :block_size].amax(dim=-1) >= S.amax(dim=-1)
+
+
+def rows_numpy(S, block_size):  # a NumPy bool array is fine
+    return rows_ok(S, block_size).numpy()
+
+
+def rows_last_block(S, block_size):
+    last = (S.shape[-1] - 1) // block_size * block_size
+    return S[..., last:].amax(dim=-1) >= S.amax(dim=-1)
+
+
+def rows_inverted(S, block_size):
+    return ~rows_ok(S, block_size)
+
+
+def rows_always_true(S, block_size):  # the colleague's test
+    return torch.ones(S.shape[:-1], dtype=torch.bool)
+
+
+def rows_always_false(S, block_size):
+    return torch.zeros(S.shape[:-1], dtype=torch.bool)
+
+
+def rows_strict(S, block_size):  # ties with a later block counted wrong
+    later = S[..., block_size:]
+    if later.shape[-1] == 0:
+        return torch.ones(S.shape[:-1], dtype=torch.bool)
+    return S[..., :block_size].amax(dim=-1) > later.amax(dim=-1)
+
+
+def rows_all_first(S, block_size):  # every first-block score above every later one
+    later = S[..., block_size:]
+    if later.shape[-1] == 0:
+        return torch.ones(S.shape[:-1], dtype=torch.bool)
+    return S[..., :block_size].amin(dim=-1) >= later.amax(dim=-1)
+
+
+def rows_query_axis(S, block_size):  # the rule over the queries, one entry per key
+    return S[..., :block_size, :].amax(dim=-2) >= S.amax(dim=-2)
+
+
+def rows_float(S, block_size):
+    return rows_ok(S, block_size).double()
+
+
+def rows_list(S, block_size):
+    return rows_ok(S, block_size).tolist()
+
+
+def rows_keepdim(S, block_size):
+    return S[..., :block_size].amax(dim=-1, keepdim=True) >= S.amax(dim=-1, keepdim=True)
+
+
+# 5.5 (b): the fixed loop and typical wrong fixes ----------------------------------------------
+def _key_blocks(Q, K, V, block_size, step):
+    """The colleague's loop with its per-block update supplied by ``step(m, m_new, l, acc, s, v)``;
+    returns what step's last state gives (acc / l unless step says otherwise)."""
+    S = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+    m = torch.full((*S.shape[:-1], 1), -math.inf, dtype=S.dtype)
+    l = torch.zeros_like(m)
+    acc = torch.zeros(*S.shape[:-1], V.shape[-1], dtype=S.dtype)
+    for k0 in range(0, S.shape[-1], block_size):
+        s, v = S[..., k0:k0 + block_size], V[..., k0:k0 + block_size, :]
+        m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+        l, acc = step(m, m_new, l, acc, s, v)
+        m = m_new
+    return acc / l
+
+
+def fix_ok(Q, K, V, block_size):
+    def step(m, m_new, l, acc, s, v):
+        alpha = torch.exp(m - m_new)
+        p = torch.exp(s - m_new)
+        return alpha * l + p.sum(dim=-1, keepdim=True), alpha * acc + p @ v
+    return _key_blocks(Q, K, V, block_size, step)
+
+
+def fix_einsum_where(Q, K, V, block_size):  # ordinary ops of every kind, under the checker's mode
+    scale = Q.shape[-1] ** -0.5
+    m = l = acc = None
+    for k0 in range(0, K.shape[-2], block_size):
+        s = torch.einsum("...qd,...kd->...qk", Q, K[..., k0:k0 + block_size, :]) * scale
+        m_blk = s.max(dim=-1, keepdim=True).values
+        m_new = m_blk if m is None else torch.where(m > m_blk, m, m_blk)
+        p = (s - m_new).exp()
+        blk = torch.matmul(p, V.narrow(-2, k0, min(block_size, K.shape[-2] - k0)))
+        if m is None:
+            l, acc = p.sum(-1, keepdim=True), blk
+        else:
+            alpha = (m - m_new).exp()
+            l = l.mul(alpha).add(p.sum(-1, keepdim=True))
+            acc = acc * alpha
+            acc += blk  # in place on its own tensor: fine
+        m = m_new
+    out = acc.div(l)
+    assert np.isfinite(out.double().numpy()).all() and float(out.abs().max().item()) >= 0
+    return out.contiguous().clone()
+
+
+def fix_unchanged_bug(Q, K, V, block_size):
+    def step(m, m_new, l, acc, s, v):
+        p = torch.exp(s - m_new)
+        return l * torch.exp(m - m_new) + p.sum(dim=-1, keepdim=True), acc + p @ v
+    return _key_blocks(Q, K, V, block_size, step)
+
+
+def fix_l_not_rescaled(Q, K, V, block_size):
+    def step(m, m_new, l, acc, s, v):
+        p = torch.exp(s - m_new)
+        return l + p.sum(dim=-1, keepdim=True), torch.exp(m - m_new) * acc + p @ v
+    return _key_blocks(Q, K, V, block_size, step)
+
+
+def fix_inverted(Q, K, V, block_size):
+    def step(m, m_new, l, acc, s, v):
+        alpha = torch.exp(m_new - m)
+        p = torch.exp(s - m_new)
+        return alpha * l + p.sum(dim=-1, keepdim=True), alpha * acc + p @ v
+    return _key_blocks(Q, K, V, block_size, step)
+
+
+def fix_inverted_guarded(Q, K, V, block_size):  # exp(m_new - m), the first block guarded: too large
+    def step(m, m_new, l, acc, s, v):
+        alpha = torch.where(torch.isfinite(m), torch.exp(m_new - m), torch.zeros_like(m))
+        p = torch.exp(s - m_new)
+        return alpha * l + p.sum(dim=-1, keepdim=True), alpha * acc + p @ v
+    return _key_blocks(Q, K, V, block_size, step)
+
+
+def fix_normalised_in_loop(Q, K, V, block_size):  # acc divided by l in every block
+    S = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+    m = torch.full((*S.shape[:-1], 1), -math.inf, dtype=S.dtype)
+    l = torch.zeros_like(m)
+    out = torch.zeros(*S.shape[:-1], V.shape[-1], dtype=S.dtype)
+    for k0 in range(0, S.shape[-1], block_size):
+        s = S[..., k0:k0 + block_size]
+        m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+        alpha, p = torch.exp(m - m_new), torch.exp(s - m_new)
+        l = alpha * l + p.sum(dim=-1, keepdim=True)
+        out = (alpha * out + p @ V[..., k0:k0 + block_size, :]) / l
+        m = m_new
+    return out
+
+
+def fix_no_max(Q, K, V, block_size):
+    def step(m, m_new, l, acc, s, v):
+        p = torch.exp(s)
+        return l + p.sum(dim=-1, keepdim=True), acc + p @ v
+    return _key_blocks(Q, K, V, block_size, step)
+
+
+def fix_rescale_after(Q, K, V, block_size):
+    def step(m, m_new, l, acc, s, v):
+        alpha = torch.exp(m - m_new)
+        p = torch.exp(s - m_new)
+        return alpha * l + p.sum(dim=-1, keepdim=True), (acc + p @ v) * alpha
+    return _key_blocks(Q, K, V, block_size, step)
+
+
+def fix_sdpa(Q, K, V, block_size):
+    return torch.nn.functional.scaled_dot_product_attention(Q, K, V)
+
+
+def fix_softmax_method(Q, K, V, block_size):
+    return (Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])).softmax(dim=-1) @ V
+
+
+def fix_torch_softmax(Q, K, V, block_size):
+    return torch.softmax(Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1]), dim=-1) @ V
+
+
+def fix_functional_softmax(Q, K, V, block_size):
+    return torch.nn.functional.softmax(Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1]), dim=-1) @ V
+
+
+def fix_multihead(Q, K, V, block_size):  # nn.MultiheadAttention: the right idea's module, not the loop
+    mha = torch.nn.MultiheadAttention(Q.shape[-1], 1, batch_first=True, dtype=Q.dtype)
+    mha(Q.reshape(-1, *Q.shape[-2:]), K.reshape(-1, *K.shape[-2:]), K.reshape(-1, *K.shape[-2:]))
+    return fix_ok(Q, K, V, block_size)
+
+
+def fix_scales_q_in_place(Q, K, V, block_size):
+    Q /= math.sqrt(Q.shape[-1])
+    return fix_ok(Q * math.sqrt(Q.shape[-1]), K, V, block_size)
+
+
+def fix_float64_out(Q, K, V, block_size):
+    return fix_ok(Q.double(), K.double(), V.double(), block_size)
+
+
+def fix_one_block_only(Q, K, V, block_size):  # the first block's keys only
+    return fix_ok(Q, K[..., :block_size, :], V[..., :block_size, :], block_size)
+
+
+def fix_dk_wide(Q, K, V, block_size):  # output d_k wide, not d_v
+    return fix_ok(Q, K, K, block_size)
+
+
 NA, OK = "not attempted yet", "correct!"
 C = ex
 CASES = [
@@ -412,6 +613,43 @@ CASES = [
     (C.check_largest_head_dim, head_one_lower, False, "still fits"),
     (C.check_largest_head_dim, head_sqrt, False, "more than M = 83,456"),
     (C.check_largest_head_dim, head_as_float, False, "whole number"),
+    # 5.5 (a): the rows the buggy loop still gets right
+    (C.check_rows_right, rows_ok, True, "its maximum is in the first block"),
+    (C.check_rows_right, rows_numpy, True, OK),
+    (C.check_rows_right, stub, None, NA),
+    (C.check_rows_right, stub_raises, None, NA),
+    (C.check_rows_right, rows_last_block, False, "maximum lies in the LAST block"),
+    (C.check_rows_right, rows_inverted, False, "inverted"),
+    (C.check_rows_right, rows_always_true, False, "your colleague's test"),
+    (C.check_rows_right, rows_always_false, False, "some rows are right"),
+    (C.check_rows_right, rows_strict, False, "ties count as right"),
+    (C.check_rows_right, rows_all_first, False, "too strict: only the maximum matters"),
+    (C.check_rows_right, rows_query_axis, False, "wrong axis: the blocks cut the keys"),
+    (C.check_rows_right, rows_query_axis, False, "expected shape (2, 3, 7), got (2, 3, 19)"),
+    (C.check_rows_right, rows_float, False, "return booleans"),
+    (C.check_rows_right, rows_list, False, "got list"),
+    (C.check_rows_right, rows_keepdim, False, "of shape S.shape[:-1] = (2, 3, 7) (one entry per query row); got shape (2, 3, 7, 1)"),
+    # 5.5 (b): the fix
+    (C.check_key_block_fix, fix_ok, True, "FlashAttention-2 also defers the division"),
+    (C.check_key_block_fix, fix_einsum_where, True, OK),
+    (C.check_key_block_fix, stub, None, NA),
+    (C.check_key_block_fix, stub_raises, None, NA),
+    (C.check_key_block_fix, fix_unchanged_bug, False, "this is the colleague's loop: rows whose maximum arrives after the first block"),
+    (C.check_key_block_fix, fix_l_not_rescaled, False, "but l no longer is"),
+    (C.check_key_block_fix, fix_inverted, False, "the factor is exp(m - m_new)"),
+    (C.check_key_block_fix, fix_inverted_guarded, False, "the factor is exp(m - m_new)"),
+    (C.check_key_block_fix, fix_normalised_in_loop, False, "normalise once, after the last block"),
+    (C.check_key_block_fix, fix_no_max, False, "exp overflowed"),
+    (C.check_key_block_fix, fix_rescale_after, False, "you multiplied the new block's p @ V by it too"),
+    (C.check_key_block_fix, fix_sdpa, False, "fix the loop, do not replace it: your function calls F.scaled_dot_product_attention"),
+    (C.check_key_block_fix, fix_softmax_method, False, "fix the loop, do not replace it: your function calls a softmax"),
+    (C.check_key_block_fix, fix_torch_softmax, False, "fix the loop, do not replace it: your function calls a softmax"),
+    (C.check_key_block_fix, fix_functional_softmax, False, "fix the loop, do not replace it: your function calls a softmax"),
+    (C.check_key_block_fix, fix_multihead, False, "fix the loop, do not replace it: your function calls nn.MultiheadAttention"),
+    (C.check_key_block_fix, fix_scales_q_in_place, False, "changed its input Q in place"),
+    (C.check_key_block_fix, fix_float64_out, False, "expected dtype torch.float32 (the inputs'), got torch.float64"),
+    (C.check_key_block_fix, fix_dk_wide, False, "expected shape (2, 3, 7, 5) (..., T_q, d_v), got (2, 3, 7, 8)"),
+    (C.check_key_block_fix, fix_one_block_only, False, "when m grows, what must happen to l and to acc?"),
 ]
 
 
@@ -662,3 +900,108 @@ def test_the_notebooks_chain_and_tree_run_once_merge_partials_is_right(capsys):
     out = capsys.readouterr().out
     assert "chain          : acc / l equals softmax(S) @ V within 1e-12: True" in out
     assert "tree, 4 rounds : acc / l equals softmax(S) @ V within 1e-12: True" in out
+
+
+def test_rows_right_truth_is_found_by_running_the_loop():
+    """On every hidden case the loop's right rows (float64, within 1e-9) are exactly the rows whose
+    maximum is in the first block, every other row is off by more than 1e-3, and the cases hold
+    rows of each kind: maximum in the first block, in a later one, tied between them."""
+    cases = nb05._rows_cases()
+    kinds = set()
+    for S, V, b in cases:
+        err = (nb05._buggy_key_blocks(S, V, b) - torch.softmax(S, dim=-1) @ V).abs().amax(dim=-1)
+        first, later = S[..., :b].amax(-1), (S[..., b:].amax(-1) if b < S.shape[-1] else None)
+        assert torch.equal(err < 1e-9, rows_ok(S, b)) and bool(((err < 1e-9) | (err > 1e-3)).all())
+        assert np.array_equal(nb05._rows_truth(S, V, b), rows_ok(S, b).numpy())
+        if later is not None:
+            kinds |= {"first"} if (first > later).any() else set()
+            kinds |= {"later"} if (later > first).any() else set()
+            kinds |= {"tie"} if (later == first).any() else set()
+    assert kinds == {"first", "later", "tie"}
+    assert any(b >= S.shape[-1] for S, _, b in cases) and any(S.dim() > 3 for S, _, _ in cases)
+    assert any(S.shape[-1] % b for S, _, b in cases if b < S.shape[-1])
+
+
+def test_rows_right_hints_belong_to_their_rules():
+    """Each wrong rule differs from the truth on some hidden case (so its hint cannot fire on a
+    right answer), and no two wrong rules agree on every case (each gets its own hint)."""
+    cases = nb05._rows_cases()
+    rules = [rows_last_block, rows_inverted, rows_always_true, rows_always_false, rows_strict, rows_all_first]
+    answers = [[np.asarray(r(S, b)) for S, _, b in cases] for r in rules]
+    truth = [rows_ok(S, b).numpy() for S, _, b in cases]
+    for a in answers:
+        assert any(not np.array_equal(x, t) for x, t in zip(a, truth, strict=True))
+    for i in range(len(answers)):
+        for j in range(i):
+            assert any(not np.array_equal(x, y) for x, y in zip(answers[i], answers[j], strict=True))
+
+
+def test_key_block_fix_cases_separate_the_bug():
+    """The colleague's loop is right on the case where every row's maximum is in the first block
+    and wrong (by more than 1e-3) elsewhere; the float32 case has scores of a few hundred, where exp
+    without the max overflows."""
+    right, wrong = 0, 0
+    for Q, K, V, b, what in nb05._fix_cases():
+        S = Q.double() @ K.double().mT / math.sqrt(Q.shape[-1])
+        err = float((fix_unchanged_bug(Q, K, V, b).double() - torch.softmax(S, -1) @ V.double()).abs().max())
+        all_first = bool((S[..., :b].amax(-1) >= S.amax(-1)).all())
+        assert (err < 1e-9) if all_first else (err > 1e-3), (what, err)
+        right, wrong = right + all_first, wrong + (not all_first and b < K.shape[-2])
+        if Q.dtype == torch.float32:
+            assert 100 < S.abs().max() < 300 and S.amax() > 88
+            assert not torch.isfinite(fix_no_max(Q, K, V, b)).all()
+    assert right >= 1 and wrong >= 2
+    shapes = [(Q.dim(), Q.shape[-2] != K.shape[-2], K.shape[-1] != V.shape[-1], b) for Q, K, V, b, _ in nb05._fix_cases()]
+    assert any(d == 4 for d, *_ in shapes) and any(d == 2 for d, *_ in shapes)
+    assert all(tq for _, tq, _, _ in shapes) and any(dv for _, _, dv, _ in shapes) and any(b == 1 for *_, b in shapes)
+    assert any(b >= K.shape[-2] for _, K, _, b, _ in nb05._fix_cases())
+    assert any(K.shape[-2] % b for _, K, _, b, _ in nb05._fix_cases() if b < K.shape[-2])
+
+
+def test_recorder_mode_lets_ordinary_ops_through():
+    """The checker's TorchFunctionMode changes nothing for ordinary ops (einsum, where, in-place ops
+    on the learner's own tensors, .item(), numpy, views) and records the refused calls."""
+    gen = torch.Generator().manual_seed(1)
+    Q, K, V = (torch.randn(2, 5, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    plain = fix_einsum_where(Q, K, V, 2)
+    with nb05._Recorder() as rec:
+        recorded = fix_einsum_where(Q, K, V, 2)
+        x = torch.arange(6.0).reshape(2, 3)
+        x[0, 1] = 7.0
+        x.add_(1).clamp_(max=5)
+        assert x.numpy().tolist() == [[1.0, 5.0, 3.0], [4.0, 5.0, 5.0]] and x.sum().item() == 23.0
+    assert torch.equal(plain, recorded) and rec.seen == []
+    for fn, name in ((fix_sdpa, "F.scaled_dot_product_attention"), (fix_softmax_method, "a softmax"),
+                     (fix_torch_softmax, "a softmax"), (fix_functional_softmax, "a softmax"),
+                     (fix_multihead, "nn.MultiheadAttention")):
+        with nb05._Recorder() as rec:
+            fn(Q, K, V, 2)
+        assert name in rec.seen, (fn.__name__, rec.seen)
+
+
+def test_tile_loop_checkers_run_in_under_a_second(capsys):
+    for checker, answer in ((ex.check_rows_right, rows_ok), (ex.check_key_block_fix, fix_ok),
+                            (ex.check_key_block_fix, fix_no_max)):
+        start = time.perf_counter()
+        checker(answer)
+        assert time.perf_counter() - start < 1.0
+    capsys.readouterr()
+
+
+def test_solutions_buggy_loop_is_the_checkers_loop():
+    """The solutions notebook's attention_by_key_blocks (the colleague's loop, verbatim) gives what
+    the checker's private copy gives, on scores of a hidden case."""
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "notebooks" / "solutions" / "05_attention_on_the_gpu_solutions.ipynb"
+    cells = ["".join(c["source"]) for c in json.loads(path.read_text(encoding="utf-8"))["cells"] if c["cell_type"] == "code"]
+    cell = next(c for c in cells if "def attention_by_key_blocks(" in c)
+    start = cell.index("def attention_by_key_blocks(")
+    end = cell.find("\n\n\n", start)
+    namespace = {"math": math, "torch": torch}
+    exec(cell[start:end if end > 0 else None], namespace)
+    gen = torch.Generator().manual_seed(3)
+    Q, K, V = (torch.randn(2, 9, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    S = Q @ K.mT / 2
+    assert torch.equal(namespace["attention_by_key_blocks"](Q, K, V, 4), nb05._buggy_key_blocks(S, V, 4))

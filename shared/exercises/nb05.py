@@ -988,8 +988,10 @@ def _wrong_key_blocks(Q, K, V, b, how: str) -> np.ndarray:
             l, acc = l * alpha + p.sum(-1, keepdim=True), acc + p @ v
         elif how == "l_not_rescaled":
             l, acc = l + p.sum(-1, keepdim=True), alpha * acc + p @ v
-        elif how == "inverted":
+        elif how in ("inverted", "inverted_guarded"):  # guarded: 0 on the first block, no nan
             alpha = torch.exp(m_new - m)
+            if how == "inverted_guarded":
+                alpha = torch.where(torch.isfinite(m), alpha, torch.zeros_like(alpha))
             l, acc = alpha * l + p.sum(-1, keepdim=True), alpha * acc + p @ v
         elif how == "normalised":
             l = alpha * l + p.sum(-1, keepdim=True)
@@ -1011,6 +1013,7 @@ _FIX_HINTS = {
     "inverted": "the factor is exp(m - m_new) (old minus new, at most 1): exp(m_new - m) is at "
                 "least 1, infinite on the first block where m = -inf (inf * 0 = nan), and too "
                 "large wherever m grows",
+    "inverted_guarded": None,  # the same hint as "inverted"
     "normalised": "normalise once, after the last block: acc and l are running sums, and dividing "
                   "acc by l inside the loop mixes normalised and unnormalised terms",
     "no_max": "exp overflowed: in float32 exp(s) is inf once s > 88, and these scores reach a "
@@ -1064,6 +1067,7 @@ def check_key_block_fix(fn):
                 "loop. FlashAttention-2 also defers the division by l to after the last block, "
                 "as here.")
     for how, hint in _FIX_HINTS.items():
+        hint = hint or _FIX_HINTS["inverted"]
         expected = [_wrong_key_blocks(*c[:4], how) for c in cases]
         if any(not close(e, r, c[0].dtype, True) for e, r, c in zip(expected, refs, cases,
                                                                      strict=True)) and \

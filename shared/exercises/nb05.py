@@ -794,7 +794,8 @@ def _rows_cases():
     key axis have the same length); block_size >= T_k; T_k = 12 in blocks of 4."""
     rng = _rng(505)
     cases = []
-    for lead, T_q, T_k, b in (((2, 3), 7, 19, 5), ((), 6, 6, 2), ((4,), 5, 9, 16), ((3,), 10, 12, 4)):
+    shapes = (((2, 3), 7, 19, 5), ((), 6, 6, 2), ((4,), 5, 9, 16), ((3,), 10, 12, 4))
+    for lead, T_q, T_k, b in shapes:
         S = rng.normal(size=(*lead, T_q, T_k))
         V = rng.normal(size=(*lead, T_k, 4))
         flat = S.reshape(-1, T_k)

@@ -988,13 +988,14 @@ def test_tile_loop_checkers_run_in_under_a_second(capsys):
     capsys.readouterr()
 
 
-def test_solutions_buggy_loop_is_the_checkers_loop():
-    """The solutions notebook's attention_by_key_blocks (the colleague's loop, verbatim) gives what
-    the checker's private copy gives, on scores of a hidden case."""
+@pytest.mark.parametrize("notebook", ["05_attention_on_the_gpu.ipynb", "solutions/05_attention_on_the_gpu_solutions.ipynb"])
+def test_notebooks_buggy_loop_is_the_checkers_loop(notebook):
+    """The notebook's and the solutions' attention_by_key_blocks (the colleague's loop, verbatim)
+    give what the checker's private copy gives, on scores of a hidden case."""
     import json
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "notebooks" / "solutions" / "05_attention_on_the_gpu_solutions.ipynb"
+    path = Path(__file__).resolve().parents[1] / "notebooks" / notebook
     cells = ["".join(c["source"]) for c in json.loads(path.read_text(encoding="utf-8"))["cells"] if c["cell_type"] == "code"]
     cell = next(c for c in cells if "def attention_by_key_blocks(" in c)
     start = cell.index("def attention_by_key_blocks(")
@@ -1005,3 +1006,4 @@ def test_solutions_buggy_loop_is_the_checkers_loop():
     Q, K, V = (torch.randn(2, 9, 4, generator=gen, dtype=torch.float64) for _ in range(3))
     S = Q @ K.mT / 2
     assert torch.equal(namespace["attention_by_key_blocks"](Q, K, V, 4), nb05._buggy_key_blocks(S, V, 4))
+    assert not torch.allclose(nb05._buggy_key_blocks(S, V, 4), torch.softmax(S, -1) @ V)  # the bug shows here

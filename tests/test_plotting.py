@@ -418,6 +418,7 @@ def test_plot_block_sweep_writes_no_ratio_and_puts_memory_right():
     assert all(line.get_color() != "tab:purple" for line in ax.get_lines())
     assert labels(ax_mem.get_xticklabels())[-1].startswith("64\n(one tile")
     assert ax_mem.get_legend() is None  # one series: the y label names it
+    assert "SDPA (0.50 ms)" in labels(ax.get_legend().get_texts())  # SDPA's time read without the axis
     with pytest.raises(ValueError, match="one entry each"):
         plot_block_sweep([32, 64], [2.0], [1.0, 1.5], 0.5, [0.1, 0.3], T=64)
 

@@ -11,7 +11,9 @@ temporaries (the notebook then measures it), and the bytes its graph saves; 5.4 
 FlashAttention's blocks change from float16 to float32, the block sizes from an SRAM budget, and
 the largest head size whose tiles, score tile included, fit; 5.5 find which query rows a key-block
 loop that never rescales its accumulator still gets right (the checker runs the loop to find out),
-then fix the loop (SDPA and softmax refused: the loop is fixed, not replaced).
+then design the smallest test that catches that bug (one query, two keys in blocks of one, a later
+maximum, a nonzero earlier value; the checker runs its own float64 copy of the loop on it), then,
+optionally, fix the loop (SDPA and softmax refused: the loop is fixed, not replaced).
 
 References are computed before the learner's code runs; answers computed in float32 are accepted
 (float32 tolerances); numbers must be numbers (text that reads as one is rejected).
@@ -49,6 +51,7 @@ __all__ = [
     "check_flash_block_sizes",
     "check_largest_head_dim",
     "check_rows_right",
+    "check_catching_test",
     "check_key_block_fix",
 ]
 
@@ -925,7 +928,123 @@ def check_rows_right(rows_right):
                  "block, and what does the loop then fail to rescale?")
 
 
-# (b) the fix -----------------------------------------------------------------------------------
+# (b) the smallest test that catches the bug ------------------------------------------------------
+CATCH_TOL = 1e-3  # "catches": the loop differs from softmax(S) V by more than this somewhere
+
+
+def _as_real(x, name: str, shape: str) -> torch.Tensor:
+    """One of the learner's Q, K, V as a float64 CPU tensor (lists and NumPy arrays are fine)."""
+    if isinstance(x, str):
+        raise _Wrong(f"{name} should be a tensor of shape {shape}; got the text {x!r:.30}")
+    try:
+        t = x.detach().cpu() if isinstance(x, torch.Tensor) else torch.as_tensor(x)
+    except Exception:  # noqa: BLE001 - anything torch.as_tensor refuses
+        raise _Wrong(f"{name} should be a tensor of shape {shape} (a nested list or a NumPy "
+                     f"array is fine too); got {type(x).__name__}") from None
+    if t.dtype == torch.bool or t.is_complex():
+        raise _Wrong(f"{name} should hold real numbers; got dtype {t.dtype}")
+    if t.dim() < 2:
+        raise _Wrong(f"{name} should have shape {shape} (two dims, batch dims in front allowed); "
+                     f"got shape {tuple(t.shape)}")
+    if 0 in t.shape:
+        raise _Wrong(f"{name} has shape {tuple(t.shape)}, with no entries along one dim: every "
+                     "dim needs at least 1")
+    if not torch.isfinite(t).all():
+        raise _Wrong(f"{name} has entries that are not finite (inf or nan): use finite numbers")
+    return t.double()
+
+
+def _catch_inputs(test):
+    """The learner's (Q, K, V, block_size) checked for shapes: float64 tensors and an int, or a
+    hint naming what was expected and what came."""
+    if isinstance(test, str) or not isinstance(test, (tuple, list)) or len(test) != 4:
+        what = f"{len(test)} items" if isinstance(test, (tuple, list)) else f"{test!r:.40}"
+        raise _Wrong(f"write four things, catching_test = (Q, K, V, block_size); got {what}")
+    Q = _as_real(test[0], "Q", "(T_q, d_k)")
+    K = _as_real(test[1], "K", "(T_k, d_k)")
+    V = _as_real(test[2], "V", "(T_k, d_v)")
+    b = test[3]
+    if isinstance(b, bool) or not isinstance(b, (numbers.Integral, np.integer)):
+        raise _Wrong(f"block_size should be a positive int (a count of keys); got "
+                     f"{type(b).__name__} {b!r:.20}")
+    if b < 1:
+        raise _Wrong(f"block_size should be a positive int (a count of keys); got {b}")
+    shapes = f"Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)}"
+    if not Q.shape[:-2] == K.shape[:-2] == V.shape[:-2]:
+        raise _Wrong(f"Q, K and V should have the same batch dims in front (or none); got {shapes}")
+    if Q.shape[-1] != K.shape[-1]:
+        raise _Wrong(f"Q and K should have the same last dim d_k (a score is a dot product of a "
+                     f"query and a key); got {shapes}")
+    if K.shape[-2] != V.shape[-2]:
+        raise _Wrong(f"K and V should have one row per key, the same T_k; got {shapes}")
+    return Q, K, V, int(b)
+
+
+def _stale_keys(S: torch.Tensor, b: int) -> torch.Tensor:
+    """Bool (..., T_q, T_k): True where key j was summed into acc against a running max below the
+    row's final one, so that the colleague's loop leaves its term exp(s_j - m) v_j too large."""
+    running = torch.cummax(torch.stack([s.amax(-1) for s in S.split(b, dim=-1)], dim=-1),
+                           dim=-1).values
+    per_key = running.repeat_interleave(b, dim=-1)[..., :S.shape[-1]]
+    return per_key < S.amax(-1, keepdim=True)
+
+
+@_checker
+def check_catching_test(catching_test):
+    """``catching_test = (Q, K, V, block_size)``: inputs on which the colleague's
+    ``attention_by_key_blocks`` differs from softmax(Q K^T / sqrt(d_k)) V by more than 1e-3
+    somewhere, with the fewest tokens: one query, two keys. The checker runs its own copy of the
+    loop in float64. The loop's error in a row is sum_j (exp(s_j - m_j) - exp(s_j - M)) v_j / l
+    (m_j the running max when key j was summed, M the row's max): it needs a key summed before the
+    max grew (several blocks, a later maximum) whose value row is not zero. Equal value rows do
+    not hide it: the loop's weights then sum to more than 1."""
+    if catching_test is None:
+        raise _NotAttempted("write (Q, K, V, block_size) in catching_test")
+    Q, K, V, b = _catch_inputs(catching_test)
+    S = Q @ K.mT / math.sqrt(Q.shape[-1])
+    if not torch.isfinite(S).all():
+        raise _Wrong("the scores Q K^T / sqrt(d_k) overflow float64: use smaller numbers")
+    ref = torch.softmax(S, dim=-1) @ V
+    got = _buggy_key_blocks(S, V, b)
+    if not (torch.isfinite(ref).all() and torch.isfinite(got).all()):
+        raise _Wrong("the outputs overflow float64: use smaller numbers")
+    err = float((got - ref).abs().max())
+    T_q, T_k = Q.shape[-2], K.shape[-2]
+    if err <= CATCH_TOL:
+        stale = _stale_keys(S, b)
+        if b >= T_k:
+            raise _Wrong(f"one block: every maximum is in it, as in your colleague's test (T = 50 "
+                         f"keys, block_size = 64), so m never grows after the first block; "
+                         f"block_size = {b} makes your T_k = {T_k} keys one block too: the keys "
+                         "must span several blocks")
+        if not stale.any():
+            raise _Wrong("m never grows after the first block, so the missing rescale multiplies "
+                         "by 1: put a row's largest score in a later block")
+        zero_v = (V == 0).all(dim=-1).unsqueeze(-2)  # (..., 1, T_k): key j's value row is zero
+        if (~stale | zero_v).all():
+            raise _Wrong("every key summed before the maximum grew has a value row of zero, so "
+                         "its stale term exp(s - m) v is zero whatever the factor: the missing "
+                         "rescale cannot show. Give those keys nonzero values")
+        raise _Wrong(f"the error is only {err:.1e}: make the later maximum stand further above "
+                     "the earlier scores, or the earlier keys' values larger")
+    too_big = [f"how many keys must there be for a maximum to arrive after the first block "
+               f"(you have {T_k})"] if T_k > 2 else []
+    too_big += [f"how many queries do you need (you have {T_q})"] if T_q > 1 else []
+    if too_big:
+        raise _Wrong(f"it catches the bug (off by {err:.3g}); now make it the smallest: "
+                     f"{', and '.join(too_big)}?")
+    if Q.dim() > 2 and math.prod(Q.shape[:-2]) > 1:
+        raise _Wrong(f"it catches the bug (off by {err:.3g}); now make it the smallest: your batch "
+                     f"dims {tuple(Q.shape[:-2])} repeat the test {math.prod(Q.shape[:-2])} "
+                     "times, and once is enough")
+    return (f"the loop is off by {err:.3g}: two keys in blocks of one, the second raising the "
+            "max, the first with a nonzero value (its term stays too large by exp(m_new - m)). "
+            "A test with one block, with every maximum in the first block, or with zero values "
+            "before the maximum passes the buggy loop: test tile loops with several blocks and "
+            "late maxima.")
+
+
+# (c) the fix, optional ---------------------------------------------------------------------------
 _FORBIDDEN = {"scaled_dot_product_attention": "F.scaled_dot_product_attention",
               "softmax": "a softmax", "log_softmax": "a log-softmax", "_softmax": "a softmax",
               "multi_head_attention_forward": "nn.MultiheadAttention"}

@@ -472,6 +472,37 @@ def fix_dk_wide(Q, K, V, block_size):  # output d_k wide, not d_v
     return fix_ok(Q, K, K, block_size)
 
 
+# 5.5 (b): the smallest test that catches the bug ----------------------------------------------
+def _t64(rows):
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+ONE_Q, TWO_K = _t64([[1.0]]), _t64([[0.0], [2.0]])  # scores 0 then 2: the max arrives in block 2
+CATCH_OK = (ONE_Q, TWO_K, _t64([[1.0, 0.0], [0.0, 1.0]]), 1)
+CATCH_NUMPY = (np.array([[1.0]]), [[0.0], [2.0]], np.eye(2), np.int64(1))  # lists and NumPy
+CATCH_EQUAL_V = (ONE_Q, TWO_K, _t64([[1.0], [1.0]]), 1)  # caught: the loop's weights sum past 1
+CATCH_ONE_BLOCK = (ONE_Q, TWO_K, CATCH_OK[2], 2)
+CATCH_MAX_FIRST = (ONE_Q, _t64([[2.0], [0.0]]), CATCH_OK[2], 1)
+CATCH_ZERO_FIRST_V = (ONE_Q, TWO_K, _t64([[0.0, 0.0], [0.0, 1.0]]), 1)  # the stale term is 0 * v
+CATCH_ZERO_V = (ONE_Q, TWO_K, torch.zeros(2, 3, dtype=torch.float64), 1)
+CATCH_TINY = (ONE_Q, _t64([[0.0], [1e-5]]), CATCH_OK[2], 1)  # off by about 5e-6
+CATCH_THREE_Q = (_t64([[1.0], [0.5], [2.0]]), TWO_K, CATCH_OK[2], 1)
+CATCH_FOUR_K = (ONE_Q, _t64([[0.0], [2.0], [1.0], [0.0]]), torch.eye(4, dtype=torch.float64), 1)
+CATCH_BOTH_BIG = (CATCH_THREE_Q[0], CATCH_FOUR_K[1], CATCH_FOUR_K[2], 1)
+CATCH_BATCH = (ONE_Q.expand(2, 1, 1), TWO_K.expand(2, 2, 1), CATCH_OK[2].expand(2, 2, 2), 1)
+CATCH_V_SHORT = (ONE_Q, TWO_K, _t64([[1.0], [0.0], [3.0]]), 1)
+CATCH_DK_MISMATCH = (_t64([[1.0, 0.0]]), TWO_K, CATCH_OK[2], 1)
+CATCH_BATCH_MISMATCH = (ONE_Q.expand(2, 1, 1), TWO_K, CATCH_OK[2], 1)
+CATCH_FLAT_Q = (_t64([1.0]), TWO_K, CATCH_OK[2], 1)
+CATCH_NAN = (_t64([[float("nan")]]), TWO_K, CATCH_OK[2], 1)
+CATCH_INF_V = (ONE_Q, TWO_K, _t64([[float("inf"), 0.0], [0.0, 1.0]]), 1)
+CATCH_FLOAT_BLOCK = (ONE_Q, TWO_K, CATCH_OK[2], 1.0)
+CATCH_ZERO_BLOCK = (ONE_Q, TWO_K, CATCH_OK[2], 0)
+CATCH_THREE_ITEMS = (ONE_Q, TWO_K, CATCH_OK[2])
+CATCH_TEXT_Q = ("Q", TWO_K, CATCH_OK[2], 1)
+CATCH_BOOL_V = (ONE_Q, TWO_K, torch.tensor([[True], [False]]), 1)
+
+
 NA, OK = "not attempted yet", "correct!"
 C = ex
 CASES = [
@@ -629,7 +660,32 @@ CASES = [
     (C.check_rows_right, rows_float, False, "return booleans"),
     (C.check_rows_right, rows_list, False, "got list"),
     (C.check_rows_right, rows_keepdim, False, "of shape S.shape[:-1] = (2, 3, 7) (one entry per query row); got shape (2, 3, 7, 1)"),
-    # 5.5 (b): the fix
+    # 5.5 (b): the smallest test that catches the bug
+    (C.check_catching_test, CATCH_OK, True, "two keys in blocks of one, the second raising the max"),
+    (C.check_catching_test, CATCH_NUMPY, True, OK),
+    (C.check_catching_test, CATCH_EQUAL_V, True, "the loop is off by 0.762"),
+    (C.check_catching_test, None, None, NA),
+    (C.check_catching_test, CATCH_ONE_BLOCK, False, "one block: every maximum is in it, as in your colleague's test"),
+    (C.check_catching_test, CATCH_MAX_FIRST, False, "m never grows after the first block, so the missing rescale multiplies by 1"),
+    (C.check_catching_test, CATCH_ZERO_FIRST_V, False, "before the maximum grew has a value row of zero"),
+    (C.check_catching_test, CATCH_ZERO_V, False, "before the maximum grew has a value row of zero"),
+    (C.check_catching_test, CATCH_TINY, False, "the error is only 5.0e-06: make the later maximum stand further above"),
+    (C.check_catching_test, CATCH_THREE_Q, False, "it catches the bug (off by 0.964); now make it the smallest: how many queries do you need (you have 3)?"),
+    (C.check_catching_test, CATCH_FOUR_K, False, "now make it the smallest: how many keys must there be for a maximum to arrive after the first block (you have 4)?"),
+    (C.check_catching_test, CATCH_BOTH_BIG, False, "(you have 4), and how many queries do you need (you have 3)?"),
+    (C.check_catching_test, CATCH_BATCH, False, "your batch dims (2,) repeat the test 2 times"),
+    (C.check_catching_test, CATCH_V_SHORT, False, "the same T_k; got Q (1, 1), K (2, 1), V (3, 1)"),
+    (C.check_catching_test, CATCH_DK_MISMATCH, False, "the same last dim d_k (a score is a dot product of a query and a key); got Q (1, 2), K (2, 1)"),
+    (C.check_catching_test, CATCH_BATCH_MISMATCH, False, "the same batch dims in front (or none); got Q (2, 1, 1), K (2, 1)"),
+    (C.check_catching_test, CATCH_FLAT_Q, False, "Q should have shape (T_q, d_k) (two dims, batch dims in front allowed); got shape (1,)"),
+    (C.check_catching_test, CATCH_NAN, False, "Q has entries that are not finite"),
+    (C.check_catching_test, CATCH_INF_V, False, "V has entries that are not finite"),
+    (C.check_catching_test, CATCH_FLOAT_BLOCK, False, "block_size should be a positive int (a count of keys); got float 1.0"),
+    (C.check_catching_test, CATCH_ZERO_BLOCK, False, "block_size should be a positive int (a count of keys); got 0"),
+    (C.check_catching_test, CATCH_THREE_ITEMS, False, "write four things, catching_test = (Q, K, V, block_size); got 3 items"),
+    (C.check_catching_test, CATCH_TEXT_Q, False, "Q should be a tensor of shape (T_q, d_k); got the text 'Q'"),
+    (C.check_catching_test, CATCH_BOOL_V, False, "V should hold real numbers; got dtype torch.bool"),
+    # 5.5 (c), optional: the fix
     (C.check_key_block_fix, fix_ok, True, "FlashAttention-2 also defers the division"),
     (C.check_key_block_fix, fix_einsum_where, True, OK),
     (C.check_key_block_fix, stub, None, NA),
@@ -654,7 +710,8 @@ CASES = [
 
 
 def _id(case):
-    return f"{case[0].__name__}-{getattr(case[1], '__name__', repr(case[1]))}"
+    named = [k for k, v in globals().items() if k.startswith("CATCH_") and v is case[1]]
+    return f"{case[0].__name__}-{named[0] if named else getattr(case[1], '__name__', repr(case[1]))}"
 
 
 @pytest.mark.parametrize("checker, answer, expected, phrase", CASES, ids=[_id(c) for c in CASES])
@@ -1007,3 +1064,57 @@ def test_notebooks_buggy_loop_is_the_checkers_loop(notebook):
     S = Q @ K.mT / 2
     assert torch.equal(namespace["attention_by_key_blocks"](Q, K, V, 4), nb05._buggy_key_blocks(S, V, 4))
     assert not torch.allclose(nb05._buggy_key_blocks(S, V, 4), torch.softmax(S, -1) @ V)  # the bug shows here
+
+
+CATCH_ALL = [CATCH_OK, CATCH_NUMPY, CATCH_EQUAL_V, CATCH_ONE_BLOCK, CATCH_MAX_FIRST, CATCH_ZERO_FIRST_V,
+             CATCH_ZERO_V, CATCH_TINY, CATCH_THREE_Q, CATCH_FOUR_K, CATCH_BOTH_BIG, CATCH_BATCH]
+
+
+def _notebook_key_block_loop(notebook="05_attention_on_the_gpu.ipynb"):
+    """The colleague's attention_by_key_blocks as the notebook shows it to the learner."""
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "notebooks" / notebook
+    cells = ["".join(c["source"]) for c in json.loads(path.read_text(encoding="utf-8"))["cells"] if c["cell_type"] == "code"]
+    cell = next(c for c in cells if "def attention_by_key_blocks(" in c)
+    start = cell.index("def attention_by_key_blocks(")
+    end = cell.find("\n\n\n", start)
+    namespace = {"math": math, "torch": torch}
+    exec(cell[start:end if end > 0 else None], namespace)
+    return namespace["attention_by_key_blocks"]
+
+
+@pytest.mark.parametrize("answer", CATCH_ALL, ids=range(len(CATCH_ALL)))
+def test_catching_verdict_matches_the_learners_loop(answer, capsys):
+    """Whether the checker says the test catches the bug (passed, or the "now make it the
+    smallest" hint) is what running the notebook's own loop on it says: off by more than 1e-3."""
+    loop = _notebook_key_block_loop()
+    Q, K, V = (torch.as_tensor(x, dtype=torch.float64) for x in answer[:3])
+    ref = torch.softmax(Q @ K.mT / math.sqrt(Q.shape[-1]), dim=-1) @ V
+    caught = float((loop(Q, K, V, int(answer[3])) - ref).abs().max()) > 1e-3
+    result = ex.check_catching_test(answer)
+    out = capsys.readouterr().out
+    assert caught == (result.passed or "it catches the bug" in out), out
+
+
+def test_one_key_never_catches_the_bug():
+    """T_k = 1 is one block whatever block_size is: the loop equals softmax(S) V on random inputs,
+    so two keys is the fewest that can catch the bug (and one query suffices: rows are independent)."""
+    gen = torch.Generator().manual_seed(11)
+    for _ in range(50):
+        d_k, d_v, T_q = (int(x) for x in torch.randint(1, 5, (3,), generator=gen))
+        Q = 5 * torch.randn(T_q, d_k, generator=gen, dtype=torch.float64)
+        K = 5 * torch.randn(1, d_k, generator=gen, dtype=torch.float64)
+        V = 5 * torch.randn(1, d_v, generator=gen, dtype=torch.float64)
+        S = Q @ K.mT / math.sqrt(d_k)
+        assert torch.allclose(nb05._buggy_key_blocks(S, V, 1), torch.softmax(S, -1) @ V, rtol=0, atol=1e-12)
+
+
+def test_catching_error_is_the_stale_terms_formula():
+    """Two keys, scores 0 and delta, blocks of one: the loop is off by (1 - e^-delta) v_0 / (1 + e^-delta),
+    proportional to the first key's value, not to v_0 - v_1 (equal values still catch it)."""
+    for delta, v0, v1 in ((2.0, 1.0, 0.0), (2.0, 1.0, 1.0), (0.5, -3.0, 2.0), (3.0, 0.0, 5.0)):
+        S, V = _t64([[0.0, delta]]), _t64([[v0], [v1]])
+        err = float((nb05._buggy_key_blocks(S, V, 1) - torch.softmax(S, -1) @ V).abs().max())
+        assert math.isclose(err, (1 - math.exp(-delta)) * abs(v0) / (1 + math.exp(-delta)), abs_tol=1e-12)

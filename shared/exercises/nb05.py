@@ -910,8 +910,8 @@ def check_rows_right(rows_right):
     if all(np.array_equal(g, t) for g, t in zip(got, truths, strict=True)):
         return ("a row is right exactly when its maximum is in the first block: then m never "
                 "grows, the factor the loop skips is exp(0) = 1. One block (T = 50, block_size = "
-                "64) holds every maximum, so the colleague's test could not see the bug. Now fix "
-                "the loop.")
+                "64) holds every maximum, so the colleague's test could not see the bug. Now "
+                "design a test that does.")
     for key, hint in _ROWS_HINTS.items():
         expected = [c[key] for c in cands]
         if any(e is None for e in expected):

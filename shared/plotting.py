@@ -817,7 +817,8 @@ def plot_times_by_length(lengths, panels: dict, extra: dict | None = None,
     ``lengths``: ``n`` sequence lengths. ``panels``: ``{dtype name: {implementation: n times in
     ms}}``. ``extra``: optional ``{dtype name: {label: (lengths, times)}}``, drawn dotted in the
     colour of the implementation the label starts with (e.g. the CPU's times beside a GPU's).
-    Each panel gets a slope-2 line through ``reference``'s time at the longest length."""
+    Each panel gets a slope-2 line through twice ``reference``'s time at the longest length (beside
+    its line, not on top of it)."""
     lengths, extra = list(lengths), extra or {}
     names = list(dict.fromkeys(n for p in panels.values() for n in p))
     for title, times in panels.items():
@@ -841,7 +842,7 @@ def plot_times_by_length(lengths, panels: dict, extra: dict | None = None,
             base_name = next((n for n in names if label.startswith(n)), None)
             ax.loglog(list(xs), list(ys), "x:", color=colour.get(base_name, "grey"), label=label,
                       base=2)
-        last = list(times[reference])[-1]
+        last = 2 * list(times[reference])[-1]  # twice its last time: beside its line, not on it
         ax.loglog(lengths, [last * (T / lengths[-1]) ** 2 for T in lengths], "k:",
                   label=r"$\propto T^2$ (slope 2)", base=2)
         ax.set_xticks(lengths, [str(T) for T in lengths])

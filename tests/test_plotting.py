@@ -430,7 +430,7 @@ def test_plot_times_by_length_one_panel_per_dtype_and_a_slope_two_line():
     assert len(axes) == 2
     first = {line.get_label(): list(line.get_ydata()) for line in axes[0].get_lines()}
     assert first["SDPA (CPU)"] == [4.0]
-    assert first[r"$\propto T^2$ (slope 2)"] == [0.75, 3.0]  # through SDPA's last time, slope 2
+    assert first[r"$\propto T^2$ (slope 2)"] == [1.5, 6.0]  # through twice SDPA's last time, slope 2
     colours = {line.get_label(): line.get_color() for line in axes[0].get_lines()}
     assert colours["SDPA (CPU)"] == colours["SDPA"]
     # the tiled loop's hollow marker is larger than the NumPy reference's: both show where they coincide

@@ -889,6 +889,9 @@ def plot_gpu_record(times: dict, peaks: dict, capacity_mib: float | None = None,
         ax_m.text(ax_m.get_xlim()[0] * 1.2, capacity_mib * 1.4, f"the card's memory, "
                   f"{capacity_mib / 1024:.0f} GiB", fontsize=8, color="dimgrey")
         ax_m.set_ylim(top=capacity_mib * 6)
+    from matplotlib.ticker import LogLocator
+
+    ax_m.yaxis.set_major_locator(LogLocator(base=10))  # decades only: the axis spans six of them
     mem_lengths = sorted({x for xs, _ in peaks.values() for x in xs})
     ax_m.set_xticks(mem_lengths, [str(T) for T in mem_lengths], rotation=45)
     ax_m.set(ylabel="peak memory (MiB, log scale)", title=f"{gpu}: {memory_label}")

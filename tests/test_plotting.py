@@ -532,6 +532,9 @@ def test_plot_gpu_record_dots_the_formula_shares_colours_and_draws_the_card():
     assert colours["SDPA, float32"] == colours["SDPA, float16"]  # one colour per implementation
     assert any(list(line.get_ydata()) == [100.0, 100.0] for line in ax_m.get_lines())  # the card's line
     assert ax_m.get_title() == "G: forward peak memory"
+    ax_m.figure.canvas.draw()
+    ticks = [t for t in ax_m.get_yticks() if ax_m.get_ylim()[0] <= t <= ax_m.get_ylim()[1]]
+    assert ticks and all(np.log10(t) == round(np.log10(t)) for t in ticks)  # decades only
     plt.close("all")
 
 

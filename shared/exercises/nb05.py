@@ -1096,6 +1096,8 @@ def _attention_ref(Q, K, V) -> np.ndarray:
 def _wrong_key_blocks(Q, K, V, b, how: str) -> np.ndarray:
     """The colleague's loop and typical wrong fixes, in the inputs' dtype."""
     S = Q @ K.mT / math.sqrt(Q.shape[-1])
+    if how == "bug":
+        return _buggy_key_blocks(S, V, b).double().numpy()
     m = torch.full((*S.shape[:-1], 1), -math.inf, dtype=S.dtype)
     l = torch.zeros_like(m)
     acc = torch.zeros(*S.shape[:-1], V.shape[-1], dtype=S.dtype)
@@ -1104,9 +1106,7 @@ def _wrong_key_blocks(Q, K, V, b, how: str) -> np.ndarray:
         m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
         alpha = torch.exp(m - m_new)
         p = torch.exp(s if how == "no_max" else s - m_new)
-        if how == "bug":
-            l, acc = l * alpha + p.sum(-1, keepdim=True), acc + p @ v
-        elif how == "l_not_rescaled":
+        if how == "l_not_rescaled":
             l, acc = l + p.sum(-1, keepdim=True), alpha * acc + p @ v
         elif how in ("inverted", "inverted_guarded"):  # guarded: 0 on the first block, no nan
             alpha = torch.exp(m_new - m)

@@ -212,65 +212,6 @@ def blocks_from_batch_heads(sram_kib, head_dim, dtype):  # the old exercise's id
     return 64, 64
 
 
-# 5.4 (b) --------------------------------------------------------------------------------------
-def _fits(M, d, score_tile=True):
-    B_c = math.ceil(M / (4 * d))
-    B_r = min(B_c, d)
-    return 2 * B_r * d + 2 * B_c * d + (B_r * B_c if score_tile else 0) <= M
-
-
-def head_ok(sram_kib, dtype):
-    M = sram_kib * 1024 // dtype.itemsize
-    d = 1
-    while _fits(M, d + 1):
-        d += 1
-    return d
-
-
-def head_no_score_tile(sram_kib, dtype):
-    M = sram_kib * 1024 // dtype.itemsize
-    d = 1
-    while _fits(M, d + 1, score_tile=False):
-        d += 1
-    return d
-
-
-def head_bytes(sram_kib, dtype):
-    M = sram_kib * 1024
-    d = 1
-    while _fits(M, d + 1):
-        d += 1
-    return d
-
-
-def head_four_bytes(sram_kib, dtype):
-    return head_ok(sram_kib, torch.float32)
-
-
-def head_kilo(sram_kib, dtype):
-    M = sram_kib * 1000 // dtype.itemsize
-    d = 1
-    while _fits(M, d + 1):
-        d += 1
-    return d
-
-
-def head_first_overflow(sram_kib, dtype):
-    return head_ok(sram_kib, dtype) + 1
-
-
-def head_one_lower(sram_kib, dtype):
-    return head_ok(sram_kib, dtype) - 1
-
-
-def head_sqrt(sram_kib, dtype):  # a closed form that ignores the rounding of B_c
-    return math.isqrt(sram_kib * 1024 // dtype.itemsize // 8)
-
-
-def head_as_float(sram_kib, dtype):
-    return head_ok(sram_kib, dtype) + 0.5
-
-
 # 5.5 (a): which rows the colleague's loop gets right -------------------------------------------
 def rows_ok(S, block_size):  # the row's maximum over all keys is reached inside the first block
     return S[..., :block_size].amax(dim=-1) >= S.amax(dim=-1)
@@ -544,22 +485,6 @@ CASES = [
     (C.check_timing_plan, (4,), False, "two whole numbers"),
     (C.check_timing_plan, 152, False, "two whole numbers"),
     # 5.2
-    (C.check_merge_prediction, (15, 4, 10), True, "ceil(log2(parts)) rounds"),
-    (C.check_merge_prediction, [15.0, 4.0, 10.0], True, OK),
-    (C.check_merge_prediction, None, None, NA),
-    (C.check_merge_prediction, (16, 4, 10), False, "not 16 merges"),
-    (C.check_merge_prediction, (15, 15, 10), False, "in a tree"),
-    (C.check_merge_prediction, (15, 8, 10), False, "halves the number of states"),
-    (C.check_merge_prediction, (4, 15, 10), False, "swapped"),
-    (C.check_merge_prediction, (4, 4, 10), False, "not of merges"),
-    (C.check_merge_prediction, (15, 5, 10), False, "16 -> 8 -> 4 -> 2 -> 1"),
-    (C.check_merge_prediction, (15, 4.5, 10), False, "whole numbers"),
-    (C.check_merge_prediction, ("15", 4, 10), False, "not a string"),
-    (C.check_merge_prediction, (15, 4), False, "three numbers"),
-    (C.check_merge_prediction, (15,), False, "three numbers"),
-    (C.check_merge_prediction, (15, 4, 9), False, "one waits unmerged"),
-    (C.check_merge_prediction, (15, 4, 999), False, "the chain's count"),
-    (C.check_merge_prediction, (15, 4, 500), False, "1,000 -> 500 -> 250 -> 125 -> 63"),
     (C.check_merge_partials, merge_ok, True, "Flash-Decoding"),
     (C.check_merge_partials, merge_float32, True, OK),
     (C.check_merge_partials, merge_flat, True, OK),
@@ -633,17 +558,6 @@ CASES = [
     (C.check_flash_block_sizes, blocks_one_d, False, "four blocks share the SRAM"),
     (C.check_flash_block_sizes, blocks_two_d, False, "not only K_j and V_j"),
     (C.check_flash_block_sizes, blocks_from_batch_heads, False, "expected (B_r, B_c)"),
-    # 5.4 (b)
-    (C.check_largest_head_dim, head_ok, True, "d = 102"),
-    (C.check_largest_head_dim, stub, None, NA),
-    (C.check_largest_head_dim, head_no_score_tile, False, "score tile S_ij"),
-    (C.check_largest_head_dim, head_bytes, False, "not bytes"),
-    (C.check_largest_head_dim, head_four_bytes, False, "you used 4 for every dtype"),
-    (C.check_largest_head_dim, head_kilo, False, "1024 bytes, not 1000"),
-    (C.check_largest_head_dim, head_first_overflow, False, "first that overflows"),
-    (C.check_largest_head_dim, head_one_lower, False, "still fits"),
-    (C.check_largest_head_dim, head_sqrt, False, "more than M = 83,456"),
-    (C.check_largest_head_dim, head_as_float, False, "whole number"),
     # 5.5 (a): the rows the buggy loop still gets right
     (C.check_rows_right, rows_ok, True, "its maximum is in the first block"),
     (C.check_rows_right, rows_numpy, True, OK),
@@ -912,15 +826,6 @@ def test_naive_attention_saves_two_square_tensors():
                     square.add(t.untyped_storage().data_ptr())
         stack.extend(f for f, _ in fn.next_functions)
     assert len(square) == 2
-
-
-def test_largest_head_dim_by_hand():
-    """A100, 163 KiB per thread block, float16: M = 83,456. d = 101: B_c = ceil(83456 / 404) = 207,
-    B_r = 101, 2*101*101 + 2*207*101 + 101*207 = 20,402 + 41,814 + 20,907 = 83,123 <= M;
-    d = 102: B_c = 205, 20,808 + 41,820 + 20,910 = 83,538 > M.
-    d = 128 (B_c = 163): 32,768 + 41,728 + 20,864 = 95,360 > M."""
-    assert head_ok(163, torch.float16) == 101
-    assert not _fits(83456, 128) and _fits(83456, 128, score_tile=False)
 
 
 def test_flash_block_sizes_by_hand():

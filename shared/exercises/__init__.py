@@ -26,10 +26,10 @@ The exercises, by notebook (the checker names say what they check):
   ``check_expected_empty_rows``, ``check_causal_bug_fix``, ``check_padded_causal_mask``.
 * 04: ``check_bug_prediction``, ``check_fixed_multi_head``, ``check_duplicate_token_head``,
   ``check_attention_parameters``, ``check_gqa_prediction``, ``check_padding_changes``.
-* 05: ``check_buggy_timing_prediction``, ``check_timing_plan``, ``check_merge_prediction``,
-  ``check_merge_partials``, ``check_training_peak``, ``check_saved_bytes``,
-  ``check_flash_block_prediction``, ``check_flash_block_sizes``, ``check_largest_head_dim``,
-  ``check_rows_right``, ``check_catching_test``, ``check_key_block_fix``.
+* 05: ``check_buggy_timing_prediction``, ``check_timing_plan``, ``check_merge_partials``,
+  ``check_training_peak``, ``check_saved_bytes``, ``check_flash_block_prediction``,
+  ``check_flash_block_sizes``, ``check_rows_right``, ``check_catching_test``,
+  ``check_key_block_fix``.
 * 06: ``check_previous_token_head``, ``check_position_mean_ablation``, ``check_k_composition``,
   ``check_fixed_period_shortcut``, ``check_duplicate_token_bug``.
 * 07: ``check_ntk_prediction``, ``check_ntk_base``, ``check_ntk_outcome``,

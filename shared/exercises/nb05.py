@@ -3,17 +3,16 @@
 5.1 predict what a subtly buggy timing loop reports, then design the fastest-block timer's
 (blocks, calls) within a budget of timed calls so that it reports the kernel's time within 2 %
 wherever a neighbour's stretch of slowed kernels falls (``shared.benchmark.SimulatedGPU`` with a
-per-``synchronize()`` host cost; every position simulated, hidden GPUs too); 5.2 predict
-how many merges, in how many parallel rounds, reduce 16 partial states to one, then merge two
+per-``synchronize()`` host cost; every position simulated, hidden GPUs too); 5.2 merge two
 partial online-softmax states (split-K, as Flash-Decoding does); 5.3 predict naive
 attention's forward + backward peak, in score matrices, with the ``nan_to_num`` guard's backward
 temporaries (the notebook then measures it), and the bytes its graph saves; 5.4 predict how
-FlashAttention's blocks change from float16 to float32, the block sizes from an SRAM budget, and
-the largest head size whose tiles, score tile included, fit; 5.5 find which query rows a key-block
-loop that never rescales its accumulator still gets right (the checker runs the loop to find out),
-then design the smallest test that catches that bug (one query, two keys in blocks of one, a later
-maximum, a nonzero earlier value; the checker runs its own float64 copy of the loop on it), then,
-optionally, fix the loop (SDPA and softmax refused: the loop is fixed, not replaced).
+FlashAttention's blocks change from float16 to float32, then the block sizes from an SRAM budget;
+5.5 find which query rows a key-block loop that never rescales its accumulator still gets right
+(the checker runs the loop to find out), then design the smallest test that catches that bug (one
+query, two keys in blocks of one, a later maximum, a nonzero earlier value; the checker runs its
+own float64 copy of the loop on it), then, optionally, fix the loop (SDPA and softmax refused:
+the loop is fixed, not replaced).
 
 References are computed before the learner's code runs; answers computed in float32 are accepted
 (float32 tolerances); numbers must be numbers (text that reads as one is rejected).
@@ -43,13 +42,11 @@ from ._core import (
 __all__ = [
     "check_buggy_timing_prediction",
     "check_timing_plan",
-    "check_merge_prediction",
     "check_merge_partials",
     "check_training_peak",
     "check_saved_bytes",
     "check_flash_block_prediction",
     "check_flash_block_sizes",
-    "check_largest_head_dim",
     "check_rows_right",
     "check_catching_test",
     "check_key_block_fix",
@@ -274,61 +271,6 @@ def _merge_cases():
             S[0, :] = -np.inf
         cases.append((_partial(S[:, :b1], V[:b1]), _partial(S[:, b1:], V[b1:]), S, V))
     return cases
-
-
-@_checker
-def check_merge_prediction(merge_prediction):
-    """``merge_prediction = (merges, rounds, rounds_1000)``: Flash-Decoding's 16 partial states
-    (one per part of the keys) reduced to one by merges of two states; how many merges, and how
-    many rounds when every merge of a round runs at the same time; then the rounds for 1,000 parts.
-    The merge is associative and commutative (up to rounding), so a tree does it: 15 merges in 4
-    rounds, and ceil(log2(1000)) = 10 rounds for 1,000 parts (an odd state waits a round)."""
-    if merge_prediction is None:
-        raise _NotAttempted("write (merges, rounds, rounds_1000) in merge_prediction; the chain "
-                            "and the tree are compared once merge_partials below is right")
-    if not isinstance(merge_prediction, (tuple, list)) or len(merge_prediction) != 3:
-        raise _Wrong("write three numbers, (merges, rounds) for 16 parts, then the rounds for "
-                     f"1,000 parts; got {merge_prediction!r:.60}")
-    merges, rounds, rounds_1000 = (_number(x, "each count") for x in merge_prediction)
-    if any(x != int(x) or x < 0 for x in (merges, rounds, rounds_1000)):
-        raise _Wrong("merges and rounds are counts: whole numbers, 0 or more")
-    if (merges, rounds) == (4, 15):
-        raise _Wrong("swapped: write the number of merges first, then the rounds")
-    if merges != 15:
-        if merges == 16:
-            raise _Wrong("merges: each merge turns two states into one, so the count of states "
-                         "falls by one per merge: from 16 to 1 is not 16 merges")
-        if merges == 4:
-            raise _Wrong("merges: 4 is the number of rounds of a tree, not of merges; count the "
-                         "merges in each round (8, then 4, 2, 1)")
-        raise _Wrong("merges: each merge takes two states and leaves one; count how many it "
-                     "takes to go from 16 states to 1")
-    if rounds == 15:
-        raise _Wrong("rounds: a chain (merge part 2 into part 1, then part 3, ...) needs 15, but "
-                     "the merge is associative and commutative: merges of disjoint pairs can run "
-                     "at the same time, in a tree")
-    if rounds in (8, 16):
-        raise _Wrong("rounds: one round of pairwise merges halves the number of states "
-                     "(16 -> 8); count the rounds until one is left")
-    if rounds != 4:
-        raise _Wrong("rounds: each round merges disjoint pairs at once and halves the number of "
-                     "states: 16 -> 8 -> 4 -> 2 -> 1")
-    if rounds_1000 == 999:
-        raise _Wrong("rounds for 1,000 parts: 999 is the chain's count (and the merges'); in a "
-                     "tree each round merges disjoint pairs at once")
-    if rounds_1000 == 9:
-        raise _Wrong("rounds for 1,000 parts: log2(1000) is 9.97, and 9 halvings leave 2 states, "
-                     "not 1; when a round starts with an odd number of states, one waits unmerged")
-    if rounds_1000 != 10:
-        raise _Wrong("rounds for 1,000 parts: each round halves the number of states, an odd one "
-                     "waiting for the next round: 1,000 -> 500 -> 250 -> 125 -> 63 -> ...; count "
-                     "the rounds until one is left")
-    return ("15 merges in 4 rounds, and 10 rounds for 1,000 parts (1,000 -> 500 -> 250 -> 125 -> "
-            "63 -> 32 -> 16 -> 8 -> 4 -> 2 -> 1: ceil(log2(parts)) rounds). The merge is "
-            "associative and commutative (up to rounding), so the parts can be merged in any "
-            "order, for instance in a tree (Flash-Decoding itself rescales and sums all parts in "
-            "one final pass). Write merge_partials below; the chain and the tree are then "
-            "compared.")
 
 
 @_checker
@@ -687,87 +629,6 @@ def check_flash_block_sizes(flash_block_sizes):
         raise _Wrong(f"for {kib} KiB, head_dim {d}, {dtype}: {_ROUND_UP}")
     raise _Wrong(f"for {kib} KiB of SRAM, head_dim {d}, {dtype}: expected (B_r, B_c) = "
                  f"{refs[i]}; got {tuple(int(x) if x == int(x) else x for x in got[i])}")
-
-
-# --------------------------------------------------------------------------------------------
-# 5.4 (b) The largest head size whose tiles fit, the score tile S_ij included
-# --------------------------------------------------------------------------------------------
-_HEAD_DIM_CASES = (  # (sram_kib, dtype) -> largest d: 101, 119, 44, 79, 55
-    (163, torch.float16),
-    (227, torch.bfloat16),
-    (64, torch.float32),  # here 1000-byte "KiB" gives the same d: that mistake is not one-lower
-    (99, torch.float16),
-    (96, torch.float32),
-)
-
-
-def _tile_elements(M: int, d: int, score_tile: bool = True) -> int:
-    """Elements of Q_i, O_i (B_r x d), K_j, V_j (B_c x d) and, if asked, S_ij (B_r x B_c)."""
-    B_c = -(-M // (4 * d))
-    B_r = min(B_c, d)
-    return 2 * B_r * d + 2 * B_c * d + (B_r * B_c if score_tile else 0)
-
-
-def _largest_d(M: int, score_tile: bool = True) -> int:
-    """The d before the first d >= 1 whose tiles overflow M elements (0 if even d = 1 does)."""
-    d = 1
-    while _tile_elements(M, d, score_tile) <= M and d <= M:
-        d += 1
-    return d - 1
-
-
-@_checker
-def check_largest_head_dim(largest_head_dim):
-    """``largest_head_dim(sram_kib, dtype)`` -> the largest head size ``d`` for which Algorithm 1's
-    tiles ``Q_i``, ``O_i`` ``(B_r x d)``, ``K_j``, ``V_j`` ``(B_c x d)`` **and** the score tile
-    ``S_ij`` ``(B_r x B_c)`` fit together in ``M`` elements of ``dtype`` (``B_c = ceil(M / 4d)``,
-    ``B_r = min(B_c, d)``). On every hidden case each smaller ``d`` fits too."""
-    got, refs, Ms = [], [], []
-    for kib, dtype in _HEAD_DIM_CASES:
-        ans = _call(largest_head_dim, kib, dtype, name="largest_head_dim",
-                    on_error=f"called with sram_kib={kib}, dtype={dtype}")
-        g = _number(ans, "the head size")
-        if g != int(g):
-            raise _Wrong(f"a head size is a whole number of dimensions; got {g} for {kib} KiB, "
-                         f"{dtype}")
-        e = _dtype_bytes(dtype)
-        got.append(int(g))
-        Ms.append(kib * 1024 // e)
-        refs.append(_largest_d(kib * 1024 // e))
-    if got == refs:
-        return ("with its score tile, Algorithm 1 overflows an A100's SRAM from d = 102 on, "
-                "so d = 128 does not fit even on an H100: FlashAttention-2 picks smaller tiles "
-                "per head size instead.")
-    patterns = (
-        ("M counts elements of the dtype, not bytes: divide the SRAM's bytes by the bytes per "
-         "element", [_largest_d(kib * 1024) for kib, _ in _HEAD_DIM_CASES]),
-        ("the bytes per element depend on the dtype (float16/bfloat16: 2, float32: 4): you "
-         "used 4 for every dtype", [_largest_d(kib * 1024 // 4) for kib, _ in _HEAD_DIM_CASES]),
-        ("1 KiB is 1024 bytes, not 1000",
-         [_largest_d(kib * 1000 // _dtype_bytes(dt)) for kib, dt in _HEAD_DIM_CASES]),
-        ("that head size is the first that overflows the SRAM: return the one before it, the "
-         "largest that still fits", [r + 1 for r in refs]),
-    )
-    for hint, expected in patterns:
-        if got == expected:
-            raise _Wrong(hint)
-    for (kib, dtype), g, r, M in zip(_HEAD_DIM_CASES, got, refs, Ms, strict=True):
-        if g == r:
-            continue
-        if g < 1:
-            raise _Wrong(f"for {kib} KiB of {dtype} you returned d = {g}: a head size is at "
-                         "least 1, and d = 1 fits")
-        if g > r and g == _largest_d(M, score_tile=False):
-            raise _Wrong(f"for {kib} KiB of {dtype}, at d = {g} the four blocks Q_i, O_i, K_j, "
-                         "V_j fit but the score tile S_ij (B_r x B_c) does not fit beside them: "
-                         "count it too")
-        if g > r:
-            raise _Wrong(f"for {kib} KiB of {dtype}, the tiles at d = {g} need "
-                         f"{_tile_elements(M, g):,} elements, more than M = {M:,} (compute B_c "
-                         "and B_r for each d, rounding included, and test the sum)")
-        raise _Wrong(f"for {kib} KiB of {dtype}, d = {g + 1} still fits "
-                     f"({_tile_elements(M, g + 1):,} of M = {M:,} elements): return the largest")
-    raise _Wrong("unexpected answer")  # unreachable: got != refs means one case differs
 
 
 # --------------------------------------------------------------------------------------------

@@ -599,7 +599,7 @@ CASES = [
     (C.check_catching_test, CATCH_THREE_ITEMS, False, "write four things, catching_test = (Q, K, V, block_size); got 3 items"),
     (C.check_catching_test, CATCH_TEXT_Q, False, "Q should be a tensor of shape (T_q, d_k); got the text 'Q'"),
     (C.check_catching_test, CATCH_BOOL_V, False, "V should hold real numbers; got dtype torch.bool"),
-    # 5.5 (c), optional: the fix
+    # 5.5 (c): the fix
     (C.check_key_block_fix, fix_ok, True, "FlashAttention-2 also defers the division"),
     (C.check_key_block_fix, fix_einsum_where, True, OK),
     (C.check_key_block_fix, stub, None, NA),

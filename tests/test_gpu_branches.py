@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from shared.benchmark import attention_flops, gflops
+
 NB05 = Path(__file__).resolve().parent.parent / "notebooks" / "05_attention_on_the_gpu.ipynb"
 
 
@@ -33,11 +35,20 @@ def test_section8_table_prints_gpu_and_cpu_rows(capsys):
         "results": {(dt, T): {n: 1.0 + i for i, n in enumerate(names)} for dt in dtypes for T in gpu_lengths},
         "cpu_results": {T: {f"{n} (CPU)": 2.0 for n in names[:3]} for T in gpu_lengths if T <= 2048},
         "torch": torch,
+        "TIMED_DTYPES": dtypes,
+        "LENGTHS": gpu_lengths,
+        "T_last": gpu_lengths[-1],
+        "B": 1, "H": 8, "HEAD_DIM": 64,
+        "gflops": gflops,
+        "attention_flops": attention_flops,
     }
     exec(compile(_cell("if cpu_results:"), "nb05-table", "exec"), scope)  # noqa: S102 - the notebook's own cell
     out = capsys.readouterr().out.splitlines()
-    assert sum(line.startswith(("float32", "float16")) for line in out) == len(dtypes) * len(gpu_lengths) + 4
+    table_rows = [line for line in out if line.split()[:1] in (["float32"], ["float16"]) and line.split()[1].isdigit()]
+    assert len(table_rows) == len(dtypes) * len(gpu_lengths) + 4  # every GPU row, and the CPU's float32 rows up to 2048
     assert any("naive PyTorch (CPU)" in line for line in out)
+    growth = [line for line in out if "time x for the doubling of T" in line]
+    assert len(growth) == len(dtypes) and all("naive PyTorch x1.0" in line for line in growth)  # nothing left out on a GPU
 
 
 # --------------------------------------------------------------------------------------------

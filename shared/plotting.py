@@ -710,7 +710,7 @@ def plot_roofline(roofs: dict, kernels: dict, title: str = "Roofline (modelled)"
     legend entry names its balance point ``P / W``. ``kernels``: ``{label: intensity}``, positive;
     labels with the same intensity share one dot and one label (``"a, b: 2 kernels"``), above-left
     of it, or below-right where the dot before lies within a factor 4, joined to it by a short
-    line.
+    line, on a white box so that a roof line behind it does not cross the text.
 
     ``measured`` (optional): ``{label: (intensity, achieved FLOP/s)}``, positive; each is a hollow
     circle (``IMPLEMENTATION_COLOURS`` by label) joined by a dotted line to the first roof above it
@@ -752,6 +752,7 @@ def plot_roofline(roofs: dict, kernels: dict, title: str = "Roofline (modelled)"
         ax.annotate(text, (intensity, y), fontsize=8, xytext=(12, -12) if below else (-10, 10),
                     textcoords="offset points", ha="left" if below else "right",
                     va="top" if below else "bottom",
+                    bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.9},
                     arrowprops={"arrowstyle": "-", "color": "tab:red", "lw": 0.8, "shrinkB": 4})
         previous = intensity
     for k, (label, (intensity, achieved)) in enumerate(measured.items()):

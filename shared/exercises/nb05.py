@@ -11,7 +11,7 @@ FlashAttention's blocks change from float16 to float32, then the block sizes fro
 5.5 find which query rows a key-block loop that never rescales its accumulator still gets right
 (the checker runs the loop to find out), then design the smallest test that catches that bug (one
 query, two keys in blocks of one, a later maximum, a nonzero earlier value; the checker runs its
-own float64 copy of the loop on it), then, optionally, fix the loop (SDPA and softmax refused:
+own float64 copy of the loop on it), then fix the loop (SDPA and softmax refused:
 the loop is fixed, not replaced).
 
 References are computed before the learner's code runs; answers computed in float32 are accepted
@@ -905,7 +905,7 @@ def check_catching_test(catching_test):
             "late maxima.")
 
 
-# (c) the fix, optional ---------------------------------------------------------------------------
+# (c) the fix -------------------------------------------------------------------------------------
 _FORBIDDEN = {"scaled_dot_product_attention": "F.scaled_dot_product_attention",
               "softmax": "a softmax", "log_softmax": "a log-softmax", "_softmax": "a softmax",
               "multi_head_attention_forward": "nn.MultiheadAttention"}

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from shared import exercises as ex
-from shared.benchmark import SimulatedGPU
+from shared.benchmark import SimulatedGPU, operation_counts
 from shared.exercises import nb05
+from shared.flash import tiled_attention
 
 
 def stub(*args, **kwargs):
@@ -414,6 +415,84 @@ def fix_dk_wide(Q, K, V, block_size):  # output d_k wide, not d_v
 
 
 # 5.5 (b): the smallest test that catches the bug ----------------------------------------------
+# 5.6 (a): tiled_attention's operations on a (1, 1, T, 1) float32 CPU input, read off its loop:
+# once per call promote_types (the accumulator's dtype); per query block mul (q * scale), full (m),
+# zeros (l), zeros (acc), then gt, scalar_tensor, where, div (normalising); per tile bmm, amax,
+# maximum, eq, scalar_tensor, where, sub, exp (alpha), sub_, exp_ (p), sum, mul_, add_ (l),
+# mul_, baddbmm_ (acc); per tile the causal diagonal crosses ones, triu_, masked_fill_. Causal:
+# query block i visits key blocks 0 .. i, and the diagonal crosses the last of them.
+PER_CALL, PER_BLOCK, PER_TILE, PER_MASKED = 1, 8, 15, 3
+
+
+def loops_ok(T, block_size, causal):
+    n = -(-T // block_size)  # query blocks: range(0, T, block_size)
+    tiles = n * (n + 1) // 2 if causal else n * n
+    return PER_CALL + PER_BLOCK * n + PER_TILE * tiles + (PER_MASKED * n if causal else 0)
+
+
+def loops_float(T, block_size, causal):  # 1025.0: an integral float is fine
+    return float(loops_ok(T, block_size, causal))
+
+
+def loops_numpy(T, block_size, causal):
+    return np.int64(loops_ok(T, block_size, causal))
+
+
+def loops_text(T, block_size, causal):
+    return f"{loops_ok(T, block_size, causal)}"
+
+
+def loops_half(T, block_size, causal):
+    return loops_ok(T, block_size, causal) + 0.5
+
+
+def loops_raises(T, block_size, causal):
+    if causal:
+        raise ValueError("causal is not handled yet")
+    return loops_ok(T, block_size, causal)
+
+
+def _loops(T, block_size, causal, tiles=None, masked=None, n=None, per_call=PER_CALL, per_block=PER_BLOCK):
+    n = -(-T // block_size) if n is None else n
+    tiles = (n * (n + 1) // 2 if causal else n * n) if tiles is None else tiles
+    masked = (n if causal else 0) if masked is None else masked
+    return per_call + per_block * n + PER_TILE * tiles + PER_MASKED * masked
+
+
+def loops_all_tiles(T, block_size, causal):  # (i) causal computes the tiles above the diagonal too
+    n = -(-T // block_size)
+    return _loops(T, block_size, causal, tiles=n * n)
+
+
+def loops_no_mask(T, block_size, causal):  # (ii) the diagonal tiles' ones, triu_, masked_fill_ left out
+    return _loops(T, block_size, causal, masked=0)
+
+
+def loops_floor(T, block_size, causal):  # (iii) the last, partial block forgotten
+    return _loops(T, block_size, causal, n=T // block_size)
+
+
+def loops_no_block_ops(T, block_size, causal):  # (iv) only what the key loop runs
+    return _loops(T, block_size, causal, per_block=0)
+
+
+def loops_no_call_op(T, block_size, causal):  # (v) promote_types left out
+    return _loops(T, block_size, causal, per_call=0)
+
+
+def loops_mask_every_tile(T, block_size, causal):  # (vi) every causal tile masked
+    n = -(-T // block_size)
+    return _loops(T, block_size, causal, masked=n * (n + 1) // 2 if causal else 0)
+
+
+def loops_swapped(T, block_size, causal):  # (vii)
+    return loops_ok(T, block_size, not causal)
+
+
+def loops_off_by_one(T, block_size, causal):
+    return loops_ok(T, block_size, causal) + (1 if causal else 0)
+
+
 def _t64(rows):
     return torch.tensor(rows, dtype=torch.float64)
 
@@ -620,6 +699,25 @@ CASES = [
     (C.check_key_block_fix, fix_float64_out, False, "expected dtype torch.float32 (the inputs'), got torch.float64"),
     (C.check_key_block_fix, fix_dk_wide, False, "expected shape (2, 3, 7, 5) (..., T_q, d_v), got (2, 3, 7, 8)"),
     (C.check_key_block_fix, fix_one_block_only, False, "when m grows, what must happen to l and to acc?"),
+    # 5.6 (a): the tile loop's operations
+    (C.check_loop_operations, loops_ok, True, "1 operation per call, 8 per query block, 15 per tile and 3 more per tile the diagonal crosses"),
+    (C.check_loop_operations, loops_float, True, "grows like (T / b)^2"),
+    (C.check_loop_operations, loops_numpy, True, OK),
+    (C.check_loop_operations, stub, None, "still returns None: replace the TODO with your code and run the cell again"),
+    (C.check_loop_operations, stub_raises, None, NA),
+    (C.check_loop_operations, loops_all_tiles, False, "query block i visits key blocks 0 .. i only"),
+    (C.check_loop_operations, loops_no_mask, False, "ones and triu_ build the mask, masked_fill_ applies it"),
+    (C.check_loop_operations, loops_floor, False, "count the last, partial query block too"),
+    (C.check_loop_operations, loops_no_block_ops, False, "count them once per query block"),
+    (C.check_loop_operations, loops_no_call_op, False, "one operation runs once per call"),
+    (C.check_loop_operations, loops_mask_every_tile, False, "only the tiles the diagonal crosses are masked"),
+    (C.check_loop_operations, loops_swapped, False, "causal and full swapped"),
+    (C.check_loop_operations, loops_off_by_one, False, "for T=256, block_size=32, causal=True: expected 629 operations; got 630"),
+    (C.check_loop_operations, loops_raises, False, "raised ValueError: causal is not handled yet"),
+    (C.check_loop_operations, loops_raises, False, "T=256, block_size=32, causal=True"),
+    (C.check_loop_operations, loops_text, False, "you returned the text '1025'"),
+    (C.check_loop_operations, loops_half, False, "a number of operations is a whole number; for T=256, block_size=32, causal=False you returned 1025.5"),
+    (C.check_loop_operations, 1025, False, "expected a function"),
 ]
 
 
@@ -943,7 +1041,7 @@ def test_recorder_mode_lets_ordinary_ops_through():
 
 def test_tile_loop_checkers_run_in_under_a_second(capsys):
     for checker, answer in ((ex.check_rows_right, rows_ok), (ex.check_key_block_fix, fix_ok),
-                            (ex.check_key_block_fix, fix_no_max)):
+                            (ex.check_key_block_fix, fix_no_max), (ex.check_loop_operations, loops_ok)):
         start = time.perf_counter()
         checker(answer)
         assert time.perf_counter() - start < 1.0
@@ -1023,3 +1121,117 @@ def test_catching_error_is_the_stale_terms_formula():
         S, V = _t64([[0.0, delta]]), _t64([[v0], [v1]])
         err = float((nb05._buggy_key_blocks(S, V, 1) - torch.softmax(S, -1) @ V).abs().max())
         assert math.isclose(err, (1 - math.exp(-delta)) * abs(v0) / (1 + math.exp(-delta)), abs_tol=1e-12)
+
+
+# 5.6 ------------------------------------------------------------------------------------------
+def _counted(T, block_size, causal):
+    x = torch.zeros(1, 1, T, 1)
+    return operation_counts(lambda: tiled_attention(x, x, x, block_size=block_size, causal=causal)).total()
+
+
+def test_loop_operations_formula_is_what_the_loop_dispatches():
+    """The exercise's premise, independently of the checker: per call 1, per query block 8, per
+    tile 15, per tile the causal diagonal crosses 3 more, against operation_counts over a grid
+    (T a multiple of the block and not, T < block_size, one block). A diagonal tile whose query
+    block has one row (T % b == 1, or b == 1) has nothing above its diagonal: the loop skips its
+    mask, so the exact count masks only the diagonal tiles of blocks with more than one row."""
+    for T in (1, 2, 7, 31, 32, 33, 50, 64, 65, 100, 129, 300):
+        for b in (1, 4, 16, 32, 64):
+            if -(-T // b) > 40:
+                continue
+            for causal in (False, True):
+                n = -(-T // b)
+                rows = [min(b, T - q0) for q0 in range(0, T, b)]  # each query block's rows
+                masked = sum(r > 1 for r in rows) if causal else 0
+                exact = PER_CALL + PER_BLOCK * n + PER_TILE * (n * (n + 1) // 2 if causal else n * n) + PER_MASKED * masked
+                assert _counted(T, b, causal) == exact, (T, b, causal)
+                if b > 1 and T % b != 1:
+                    assert exact == loops_ok(T, b, causal), (T, b, causal)
+
+
+def test_loop_operations_count_ignores_batch_heads_and_head_dim():
+    """The exercise states the count on a (1, 1, T, 1) input holds for any B, H, head_dim (float32)."""
+    gen = torch.Generator().manual_seed(0)
+    for shape in ((2, 3, 50, 8), (1, 8, 100, 64)):
+        qkv = tuple(torch.randn(*shape, generator=gen) for _ in range(3))
+        for causal in (False, True):
+            counted = operation_counts(lambda qkv=qkv, c=causal: tiled_attention(*qkv, block_size=32, causal=c)).total()
+            assert counted == loops_ok(shape[2], 32, causal), (shape, causal)
+
+
+def test_loop_operations_hidden_cases_are_varied_and_avoid_the_one_row_block():
+    """Hidden cases: T a multiple of the block and not, T < block_size, none where the last query
+    block has one row (there the loop skips a diagonal tile's mask, so the learner's rule of 3 per
+    diagonal tile would not hold), and the notebook's figures among them."""
+    cases = nb05._LOOP_CASES
+    assert any(T % b == 0 for T, b in cases) and any(T % b for T, b in cases) and any(T < b for T, b in cases)
+    assert all(b > 1 and T % b != 1 for T, b in cases)
+    assert _counted(256, 32, False) == 1025 and _counted(256, 32, True) == 629
+    assert _counted(4096, 256, False) == 3969
+
+
+US, RATE = 2.7, 75.0  # a learner's measurements: µs per operation, SDPA's GFLOP/s
+OPS_MS, FLOPS_MS = 3969 * US / 1e3, 4 * 8 * 512 * 512 * 64 / RATE / 1e6  # written out independently
+MODEL_MS = OPS_MS + FLOPS_MS
+
+
+def test_compare_loop_time_needs_positive_numbers(capsys):
+    for args, passed, phrase in (((None, US, RATE), None, "not attempted yet: write your model's time in predicted_ms"),
+                                 ((-3.0, US, RATE), False, "a time is positive"), ((0, US, RATE), False, "a time is positive"),
+                                 (("14", US, RATE), False, "you returned the text '14'"),
+                                 ((float("inf"), US, RATE), False, "finite"),
+                                 (([14.0], US, RATE), False, "as a number; got list"),
+                                 ((MODEL_MS, 0.0, RATE), False, "us_per_op is positive"),
+                                 ((MODEL_MS, US, None), False, "sdpa_gflop_per_s")):
+        result = nb05.compare_loop_time(*args)
+        out = capsys.readouterr().out
+        assert result.passed is passed and out.count("\n") == 1 and phrase in out, (args, out)
+
+
+@pytest.mark.parametrize("predicted, phrase", [
+    (OPS_MS, "you left out the products' FLOPs"),
+    (FLOPS_MS, "you left out the operations' fixed cost"),
+    (3969 * US + FLOPS_MS, "us_per_op is in microseconds"),
+    (OPS_MS + 1e3 * FLOPS_MS, "sdpa_gflop_per_s counts 1e9 FLOPs a second"),
+    (OPS_MS + FLOPS_MS / 2, "4 B H T^2 d FLOPs (2 T^2 d each, per head)"),
+    (OPS_MS + FLOPS_MS / 8, "count the FLOPs of all B * H = 8 heads"),
+    (1025 * US / 1e3 + FLOPS_MS, "use loop_operations(512, 32, False), 3,969 operations"),
+    (2217 * US / 1e3 + FLOPS_MS, "the loop here is not causal"),  # 1 + 8 * 16 + 15 * 136 + 3 * 16 operations
+    (2 * MODEL_MS, "from your measurements the two terms give"),
+])
+def test_compare_loop_time_names_the_models_mistake_before_timing(capsys, monkeypatch, predicted, phrase):
+    monkeypatch.setattr(nb05, "_loop_time_ms", lambda device: pytest.fail("a wrong model is not timed"))
+    result = nb05.compare_loop_time(predicted, US, RATE)
+    out = capsys.readouterr().out
+    assert result.passed is False and phrase in out, out
+
+
+def test_compare_loop_time_times_the_loop(capsys):
+    """A real run (about 0.2 s on a 2-core CPU): both terms, the measurement on the device, their
+    ratio, and one line reading it; no timing value is asserted."""
+    start = time.perf_counter()
+    result = nb05.compare_loop_time(MODEL_MS * 1.01, US, RATE, "cpu")  # within 2 %: accepted
+    assert time.perf_counter() - start < 2.0
+    out = capsys.readouterr().out
+    assert out.startswith(f"correct! your model: {OPS_MS:.3g} ms of fixed costs + {FLOPS_MS:.3g} ms of FLOPs"), out
+    assert "; measured on cpu: " in out and "the model).\n" in out, out
+    assert out.count("\n") == 2 and result.passed is True and result.message == out.strip()
+
+
+@pytest.mark.parametrize("ratio, phrase", [
+    (1.43, "the loop takes longer than the model: each tile's element-wise passes"),
+    (1.0, "the model holds"),
+    (0.7, "the loop beats the model"),
+])
+def test_compare_loop_time_reads_the_ratio(capsys, monkeypatch, ratio, phrase):
+    """The reading follows measured / model; the timing itself is replaced so that the ratio is known."""
+    monkeypatch.setattr(nb05, "_loop_time_ms", lambda device: ratio * MODEL_MS)
+    result = nb05.compare_loop_time(MODEL_MS, US, RATE, torch.device("cpu"))
+    out = capsys.readouterr().out
+    assert result.passed is True and phrase in out and f"(x{ratio:.2f} the model)" in out, out
+
+
+def test_compare_loop_time_is_not_a_checker():
+    """It measures and reports, so it is imported from shared.exercises.nb05, not listed among the
+    checkers (which print exactly one line)."""
+    assert "compare_loop_time" not in nb05.__all__ and "compare_loop_time" not in ex.__all__

@@ -12,7 +12,12 @@ FlashAttention's blocks change from float16 to float32, then the block sizes fro
 (the checker runs the loop to find out), then design the smallest test that catches that bug (one
 query, two keys in blocks of one, a later maximum, a nonzero earlier value; the checker runs its
 own float64 copy of the loop on it), then fix the loop (SDPA and softmax refused:
-the loop is fixed, not replaced).
+the loop is fixed, not replaced); 5.6 count the operations ``tiled_attention`` dispatches from
+its loop's structure (1 per call, 8 per query block, 15 per tile, 3 more per tile the causal
+diagonal crosses; the checker counts the real ones with ``operation_counts``), then predict its
+time at T = 512 from that count, section 7's fixed cost per operation and SDPA's FLOP rate
+(``compare_loop_time`` checks that model against the learner's own two measurements, then
+times the loop and reports the ratio; it prints two lines, so it is not in ``__all__``).
 
 References are computed before the learner's code runs; answers computed in float32 are accepted
 (float32 tolerances); numbers must be numbers (text that reads as one is rejected).
@@ -26,9 +31,14 @@ import numbers
 import numpy as np
 import torch
 
-from shared.benchmark import SimulatedGPU
+from shared.benchmark import SimulatedGPU, best_times_ms, operation_counts
+from shared.flash import tiled_attention
 
 from ._core import (
+    CORRECT,
+    NOT_ATTEMPTED,
+    NOT_QUITE,
+    CheckResult,
     _arr,
     _call,
     _checker,
@@ -50,6 +60,7 @@ __all__ = [
     "check_rows_right",
     "check_catching_test",
     "check_key_block_fix",
+    "check_loop_operations",
 ]
 
 ATOL, RTOL = 1e-5, 1e-4  # float32's tolerances: a float32 answer to a float64 question passes
@@ -1067,3 +1078,209 @@ def check_key_block_fix(fn):
     raise _Wrong(f"for Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)}, block_size="
                  f"{b} ({what}) the output is off by up to {err:.3g}: when m grows, what "
                  "must happen to l and to acc?")
+
+
+# --------------------------------------------------------------------------------------------
+# 5.6 Count the tile loop's operations, then predict its time
+# --------------------------------------------------------------------------------------------
+_LOOP_CASES = (  # (T, block_size): multiples of the block and not (none with T % b == 1), T < b
+    (256, 32), (512, 32), (50, 32), (100, 16), (300, 64), (7, 32), (1000, 128),
+)
+
+
+def _loop_operations_ref(T: int, b: int, causal: bool) -> int:
+    """The operations ``tiled_attention`` really dispatches on a float32 CPU ``(1, 1, T, 1)``
+    input, counted with ``operation_counts`` (the count does not depend on B, H or head_dim)."""
+    x = torch.zeros(1, 1, T, 1)
+    return operation_counts(lambda: tiled_attention(x, x, x, causal=causal, block_size=b)).total()
+
+
+def _loop_operations_model(T: int, b: int, causal: bool, tiles_of=None, masked_of=None,
+                           blocks=math.ceil, per_call=1, per_block=8) -> int:
+    """1 per call + 8 per query block + 15 per tile + 3 per tile the diagonal crosses (causal):
+    on the hidden cases, what the loop's structure gives; the keywords build typical mistakes."""
+    n = blocks(T / b)
+    tiles = (tiles_of or (lambda n, c: n * (n + 1) // 2 if c else n * n))(n, causal)
+    masked = (masked_of or (lambda n, c: n if c else 0))(n, causal)
+    return per_call + per_block * n + 15 * tiles + 3 * masked
+
+
+_LOOP_PATTERNS = (  # (hint, the count that mistake gives for (T, b, causal))
+    ("a causal call skips the key blocks after each query block's last query: query block i "
+     "visits key blocks 0 .. i only, n (n + 1) / 2 tiles, not all n * n",
+     lambda T, b, c: _loop_operations_model(T, b, c, tiles_of=lambda n, c: n * n)),
+    ("a causal call masks the tile the diagonal crosses in each query block, and that costs 3 "
+     "more operations (ones and triu_ build the mask, masked_fill_ applies it)",
+     lambda T, b, c: _loop_operations_model(T, b, c, masked_of=lambda n, c: 0)),
+    ("count the last, partial query block too: range(0, T, block_size) makes ceil(T / block_size) "
+     "blocks (1 when T < block_size), not T // block_size",
+     lambda T, b, c: _loop_operations_model(T, b, c, blocks=math.floor)),
+    ("each query block also runs operations of its own, outside its key loop (scaling its "
+     "queries, creating m, l and acc, normalising at the end): count them once per query block",
+     lambda T, b, c: _loop_operations_model(T, b, c, per_block=0)),
+    ("one operation runs once per call, before any query block (promote_types, choosing the "
+     "accumulator's dtype): add it",
+     lambda T, b, c: _loop_operations_model(T, b, c, per_call=0)),
+    ("only the tiles the diagonal crosses are masked, the last one each query block visits; the "
+     "tiles below the diagonal need no mask and cost no extra operations",
+     lambda T, b, c: _loop_operations_model(T, b, c, masked_of=lambda n, c: n * (n + 1) // 2
+                                            if c else 0)),
+    ("causal and full swapped: causal=True visits fewer tiles (those above the diagonal are "
+     "skipped) and masks the n on the diagonal; causal=False visits all n * n, none masked",
+     lambda T, b, c: _loop_operations_model(T, b, not c)),
+)
+
+
+@_checker
+def check_loop_operations(loop_operations):
+    """``loop_operations(T, block_size, causal)`` -> how many operations ``tiled_attention``
+    dispatches on a float32 CPU input of shape ``(1, 1, T, 1)``. With ``n = ceil(T / block_size)``
+    query blocks: 1 per call, 8 per query block, 15 per tile (``n * n`` tiles, or ``n (n + 1) / 2``
+    causal) and 3 more per tile the diagonal crosses (causal: ``n``). The references are the real
+    counts, from ``operation_counts``, on hidden cases with T a multiple of block_size and not,
+    and T < block_size. (A last query block of one row, T % block_size == 1, has nothing above
+    its diagonal and skips the mask; no hidden case has one.)"""
+    cases = [(T, b, c) for T, b in _LOOP_CASES for c in (False, True)]
+    refs = [_loop_operations_ref(*case) for case in cases]  # before the learner's code runs
+    got = []
+    for T, b, c in cases:
+        ans = _call(loop_operations, T, b, c, name="loop_operations",
+                    on_error=f"called with T={T}, block_size={b}, causal={c}")
+        count = _number(ans, "the number of operations")
+        if count != round(count):
+            raise _Wrong(f"a number of operations is a whole number; for T={T}, block_size={b}, "
+                         f"causal={c} you returned {count:g}")
+        got.append(round(count))
+    if got == refs:
+        return ("1 operation per call, 8 per query block, 15 per tile and 3 more per tile the "
+                "diagonal crosses; a causal call skips the n (n - 1) / 2 tiles above the "
+                "diagonal. So the count grows like (T / b)^2, and each operation pays a fixed cost "
+                "however little it computes.")
+    for hint, pattern in _LOOP_PATTERNS:
+        expected = [pattern(*case) for case in cases]
+        if expected != refs and got == expected:
+            raise _Wrong(hint)
+    i = next(i for i, (g, r) in enumerate(zip(got, refs, strict=True)) if g != r)
+    T, b, c = cases[i]
+    raise _Wrong(f"for T={T}, block_size={b}, causal={c}: expected {refs[i]} operations; got "
+                 f"{got[i]}")
+
+
+# (b) the loop's time from its operations and its FLOPs --------------------------------------------
+LOOP_SHAPE, LOOP_BLOCK = (1, 8, 512, 64), 32  # (B, H, T, head_dim), float32, block_size
+
+
+def _loop_time_ms(device) -> float:
+    """``tiled_attention(Q, K, V, block_size=32)`` at ``LOOP_SHAPE``, float32 on ``device``:
+    milliseconds per call, the fastest block of two rounds (``best_times_ms``)."""
+    gen = torch.Generator().manual_seed(56)
+    Q, K, V = (torch.randn(*LOOP_SHAPE, generator=gen).to(device) for _ in range(3))
+
+    def loop():
+        return tiled_attention(Q, K, V, block_size=LOOP_BLOCK)
+
+    return best_times_ms({"tiled loop": loop}, device, rounds=2)["tiled loop"]
+
+
+def _loop_model_terms(us_per_op: float, gflop_per_s: float, n_ops=None, flops=None):
+    """(ms of the operations' fixed costs, ms of the products' FLOPs) at ``LOOP_SHAPE``."""
+    B, H, T, d = LOOP_SHAPE
+    n_ops = _loop_operations_ref(T, LOOP_BLOCK, False) if n_ops is None else n_ops
+    flops = 4 * B * H * T * T * d if flops is None else flops
+    return n_ops * us_per_op / 1e3, flops / gflop_per_s / 1e6
+
+
+def _loop_model_hint(pred: float, us_per_op: float, gflop_per_s: float) -> str | None:
+    """The likely mistake behind a model that differs from the two terms, or None."""
+    B, H, T, d = LOOP_SHAPE
+    ops_ms, flops_ms = _loop_model_terms(us_per_op, gflop_per_s)
+    n_ops = _loop_operations_ref(T, LOOP_BLOCK, False)
+    candidates = (
+        ("you left out the products' FLOPs: add 4 B H T^2 d FLOPs at sdpa_gflop_per_s", ops_ms),
+        ("you left out the operations' fixed cost: add loop_operations(512, 32, False) x us_per_op",
+         flops_ms),
+        ("us_per_op is in microseconds: divide by 1000 for milliseconds", 1e3 * ops_ms + flops_ms),
+        ("sdpa_gflop_per_s counts 1e9 FLOPs a second: FLOPs / (GFLOP/s x 1e9) is seconds, x 1e3 ms",
+         ops_ms + 1e3 * flops_ms),
+        ("sdpa_gflop_per_s counts 1e9 FLOPs a second: FLOPs / (GFLOP/s x 1e9) is seconds, x 1e3 ms",
+         ops_ms + 1e-3 * flops_ms),
+        ("the two products make 4 B H T^2 d FLOPs (2 T^2 d each, per head), not 2 B H T^2 d",
+         ops_ms + flops_ms / 2),
+        ("count the FLOPs of all B * H = 8 heads: 4 B H T^2 d",
+         ops_ms + flops_ms / (B * H)),
+        ("the loop runs blocks of 32 at T = 512: use loop_operations(512, 32, False), "
+         f"{n_ops:,} operations",
+         _loop_model_terms(us_per_op, gflop_per_s, n_ops=_loop_operations_ref(256, 32, False))[0]
+         + flops_ms),
+        ("the loop here is not causal: use loop_operations(512, 32, False)",
+         _loop_model_terms(us_per_op, gflop_per_s, n_ops=_loop_operations_ref(512, 32, True))[0]
+         + flops_ms),
+    )
+    for hint, value in candidates:
+        if math.isclose(pred, value, rel_tol=0.02) and not math.isclose(value, ops_ms + flops_ms,
+                                                                         rel_tol=0.02):
+            return hint
+    return None
+
+
+def _loop_reading(ratio: float) -> str:
+    """One line reading measured / model for a model with both terms."""
+    if ratio > 1.1:
+        return ("the loop takes longer than the model: each tile's element-wise passes (max, exp, "
+                "sums, rescaling) touch b numbers per row at full size but one on the (1, 1, T, 1) "
+                "input that measured us_per_op; a fused kernel keeps them on chip.")
+    if ratio >= 0.9:
+        return ("the model holds: the operations' fixed costs and the products' FLOPs explain the "
+                "loop's time.")
+    return ("the loop beats the model: its 32 x 32 products ran faster than SDPA's rate, or "
+            "us_per_op was measured while the machine was busy.")
+
+
+def compare_loop_time(predicted_ms, us_per_op, sdpa_gflop_per_s, device="cpu") -> CheckResult:
+    """Exercise 5.6 (b): ``predicted_ms``, the learner's model of ``tiled_attention(Q, K, V,
+    block_size=32)`` at B=1, H=8, T=512, head_dim=64, float32 on ``device``, must equal (its
+    operations) x ``us_per_op`` (µs, section 7) + (the products' 4 B H T^2 d FLOPs) /
+    ``sdpa_gflop_per_s`` (section 8), within 2 %, computed from the learner's own two
+    measurements; hints name a left-out term, a unit slip, 2 T^2 d FLOPs, one head, the wrong
+    count. A model that holds is then set against the loop's measured time (seeded inputs,
+    ``best_times_ms``, two rounds), and one line reads the ratio. Not a one-line checker (it
+    prints the measurement), so not in ``__all__``. ``passed``: None while ``predicted_ms`` is
+    None, else whether the model has both terms right."""
+    if predicted_ms is None or predicted_ms is ...:
+        message = f"{NOT_ATTEMPTED}: write your model's time in predicted_ms (milliseconds)"
+        print(message)
+        return CheckResult(None, message)
+    try:
+        pred = _number(predicted_ms, "your model's time in ms")
+        us = _number(us_per_op, "us_per_op (section 7's µs per operation)")
+        rate = _number(sdpa_gflop_per_s, "sdpa_gflop_per_s (section 8's GFLOP/s)")
+        for value, what in ((pred, "a time"), (us, "us_per_op"), (rate, "sdpa_gflop_per_s")):
+            if not value > 0:
+                raise _Wrong(f"{what} is positive; got {value:g}")
+        device = torch.device(device)
+        ops_ms, flops_ms = _loop_model_terms(us, rate)
+        if not math.isclose(pred, ops_ms + flops_ms, rel_tol=0.02):
+            hint = _loop_model_hint(pred, us, rate)
+            raise _Wrong(hint or (f"from your measurements the two terms give {ops_ms:.3g} + "
+                                  f"{flops_ms:.3g} = {ops_ms + flops_ms:.3g} ms; got {pred:.3g}: "
+                                  "operations x us_per_op, plus FLOPs at sdpa_gflop_per_s"))
+    except _Wrong as e:
+        message = f"{NOT_QUITE} {e.args[0]}"
+        print(message)
+        return CheckResult(False, message)
+    except Exception as e:  # noqa: BLE001 - an unknown device: a message, never a crash
+        message = f"{NOT_QUITE} could not use device {device!r} ({type(e).__name__}: {e})"
+        print(message)
+        return CheckResult(False, message)
+    try:
+        measured = _loop_time_ms(device)
+    except Exception as e:  # noqa: BLE001 - a device that cannot run it: a message, never a crash
+        message = f"{NOT_QUITE} could not time the loop on {device} ({type(e).__name__}: {e})"
+        print(message)
+        return CheckResult(False, message)
+    ratio = measured / pred
+    message = (f"{CORRECT} your model: {ops_ms:.3g} ms of fixed costs + {flops_ms:.3g} ms of FLOPs "
+               f"= {pred:.3g} ms; measured on {device.type}: {measured:.3g} ms (x{ratio:.2f} the "
+               f"model).\n{_loop_reading(ratio)}")
+    print(message)
+    return CheckResult(True, message)

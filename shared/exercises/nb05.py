@@ -71,6 +71,16 @@ def _close(a, b) -> bool:
     return a.shape == b.shape and bool(np.allclose(a, b, atol=ATOL, rtol=RTOL))
 
 
+def _named_mistake(got: list, refs: list, patterns, cases: list) -> int:
+    """Raise the hint of the first ``(hint, pattern)`` whose answers on ``cases`` (each a tuple of
+    arguments) are ``got`` and not ``refs``; else return the index of the first wrong case."""
+    for hint, pattern in patterns:
+        expected = [pattern(*case) for case in cases]
+        if expected != refs and got == expected:
+            raise _Wrong(hint)
+    return next(i for i, (g, r) in enumerate(zip(got, refs, strict=True)) if g != r)
+
+
 def _number(ans, what: str) -> float:
     """A learner's number as a float: ints, floats, NumPy scalars and one-element tensors are
     fine; text (even text that reads as a number), booleans and containers are not."""
@@ -630,11 +640,7 @@ def check_flash_block_sizes(flash_block_sizes):
         ("return them in the order (B_r, B_c): the query block first",
          lambda kib, d, e: _flash_blocks(kib, d, e)[::-1]),
     )
-    for hint, pattern in patterns:
-        expected = [pattern(*p) for p in parts]
-        if expected != refs and got == expected:
-            raise _Wrong(hint)
-    i = next(i for i, (g, r) in enumerate(zip(got, refs, strict=True)) if g != r)
+    i = _named_mistake(got, refs, patterns, parts)
     kib, d, dtype = _BLOCK_CASES[i]
     if got[i] == _flash_blocks(*parts[i], rnd=math.floor):  # rounded down here (round(), int())
         raise _Wrong(f"for {kib} KiB, head_dim {d}, {dtype}: {_ROUND_UP}")
@@ -1156,11 +1162,7 @@ def check_loop_operations(loop_operations):
                 "diagonal crosses; a causal call skips the n (n - 1) / 2 tiles above the "
                 "diagonal. So the count grows like (T / b)^2, and each operation pays a fixed cost "
                 "however little it computes.")
-    for hint, pattern in _LOOP_PATTERNS:
-        expected = [pattern(*case) for case in cases]
-        if expected != refs and got == expected:
-            raise _Wrong(hint)
-    i = next(i for i, (g, r) in enumerate(zip(got, refs, strict=True)) if g != r)
+    i = _named_mistake(got, refs, _LOOP_PATTERNS, cases)
     T, b, c = cases[i]
     raise _Wrong(f"for T={T}, block_size={b}, causal={c}: expected {refs[i]} operations; got "
                  f"{got[i]}")

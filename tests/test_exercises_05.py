@@ -542,10 +542,17 @@ CASES = [
     (C.check_buggy_timing_prediction, 6.8, False, "follow the simulated clock"),  # section 3's no-warm-up line
     (C.check_buggy_timing_prediction, "5.69", False, "not a string"),
     # 5.1(b): a plan for the fastest-block timer, every position of the neighbour's stretch
-    (C.check_timing_plan, (4, 38), True, "152 timed calls"),
-    (C.check_timing_plan, (3, 50), True, "right on 2 hidden GPUs too"),
-    (C.check_timing_plan, [3, 66], True, OK),
-    (C.check_timing_plan, (np.int64(5), np.int64(40)), True, OK),
+    (C.check_timing_plan, (3, 39), True, "117 timed calls"),
+    (C.check_timing_plan, (3, 39), True, "right on 2 hidden GPUs too"),
+    (C.check_timing_plan, [3, 39], True, OK),
+    (C.check_timing_plan, (np.int64(3), np.int64(39)), True, OK),
+    # plans that work but time more calls than needed
+    (C.check_timing_plan, (4, 38), False, "38 is the fewest calls per block, but not the cheapest plan"),
+    (C.check_timing_plan, (4, 38), False, "with 152 timed calls"),
+    (C.check_timing_plan, (5, 40), False, "blocks of 40 calls need fewer than 5"),
+    (C.check_timing_plan, (4, 39), False, "blocks of 39 calls need fewer than 4"),
+    (C.check_timing_plan, (3, 50), False, "a plan with fewer calls works"),
+    (C.check_timing_plan, [3, 66], False, "with 198 timed calls"),
     (C.check_timing_plan, None, None, NA),
     (C.check_timing_plan, (10, 20), False, "too few calls per block"),  # the default-like many small blocks
     (C.check_timing_plan, (10, 20), False, "a fixed 15 µs, 75% of a 20 µs call"),
@@ -778,6 +785,8 @@ def test_timing_plan_passes_exactly_the_plans_of_the_two_bounds():
                 passing.add((blocks, calls))
     by_hand = {(n, c) for n in range(1, 8) for c in range(38, 201) if n * c <= 200 and n >= math.ceil(39 / c) + 2}
     assert passing == by_hand and (4, 38) in passing and (3, 39) in passing and (3, 38) not in passing
+    fewest = min(b * c for b, c in passing)  # the exercise asks for the fewest timed calls in all
+    assert [p for p in passing if p[0] * p[1] == fewest] == [(3, 39)] == [nb05._fewest_plan()]
     for case in nb05._plan_cases()[1:]:  # no harder in either bound
         assert (case["launch_s"] + case["sync_s"]) / case["kernel_s"] <= 0.75 and case["stretch"] <= 40
         for plan in passing:

@@ -293,6 +293,19 @@ def test_log_ticks_labels_plain_numbers_at_1_2_5():
         log_ticks(ax, "z")
 
 
+def test_log_ticks_with_more_subs_labels_an_axis_under_a_decade():
+    fig, ax = plt.subplots()
+    ax.semilogy([0, 1], [1.6, 6.5])
+    ax.set_ylim(1.6, 6.5)
+    log_ticks(ax)
+    fig.canvas.draw()
+    assert [t.get_text() for t in ax.get_yticklabels() if 1.6 <= t.get_position()[1] <= 6.5] == ["2", "5"]
+    log_ticks(ax, subs=(1, 1.5, 2, 3, 5, 7))
+    fig.canvas.draw()
+    assert [t.get_text() for t in ax.get_yticklabels() if 1.6 <= t.get_position()[1] <= 6.5] == ["2", "3", "5"]
+    plt.close(fig)
+
+
 def test_label_points_keeps_labels_of_a_shared_x_apart():
     fig, ax = plt.subplots()
     texts = label_points(ax, [1, 5, 5, 9], [10, 2, 3, 3], ["alone", "low", "high", "right"], ["C0"] * 4)

@@ -133,6 +133,26 @@ def _plan_reports(blocks: int, calls: int, kernel_s, launch_s, sync_s, first_s, 
     return report(range(0)), [(p, report(range(p, p + stretch))) for p in positions]
 
 
+def _fewest_calls_per_block() -> int:
+    """The fewest calls per block whose clean block reports within PLAN_TOL of the kernel:
+    (c kernel + launch + sync) / c <= (1 + tol) kernel."""
+    g = PLAN_GPU
+    return math.ceil((g["launch_s"] + g["sync_s"]) / (PLAN_TOL * g["kernel_s"]) - 1e-9)
+
+
+def _blocks_needed(calls: int) -> int:
+    """Blocks of ``calls`` calls so that one stays clean: a stretch of k kernels touches at most
+    ceil((k - 1) / calls) + 1 of them."""
+    return math.ceil((PLAN_GPU["stretch"] - 1) / calls) + 2
+
+
+def _fewest_plan() -> tuple[int, int]:
+    """(blocks, calls) with the fewest timed calls in all on the stated GPU (ties: fewer calls)."""
+    c0 = _fewest_calls_per_block()
+    plans = [(_blocks_needed(c), c) for c in range(c0, PLAN_BUDGET + 1)]
+    return min(plans, key=lambda p: (p[0] * p[1], p[1]))
+
+
 def _plan_cases():
     """The stated GPU, then hidden ones no harder in either bound: (launch + sync) / kernel at most
     0.75 and a stretch of at most 40 kernels, other speeds and slow-downs."""
@@ -151,11 +171,11 @@ def _plan_cases():
 def check_timing_plan(plan):
     """``plan = (blocks, calls)`` for section 3's fastest-block timer on a simulated shared GPU:
     kernels of 20 us, launches of 5 us, 10 us of host time per ``synchronize()``; a neighbour slows
-    a stretch of 40 consecutive kernels x3, anywhere. At most 200 timed calls; the report must be
-    within 2 % of 20 us for every position of the stretch (and on hidden GPUs no harder in either
-    bound). A clean block reports (c x 20 + 15) / c us: c >= 38. A stretch of 40 can touch
-    ceil(39 / c) + 1 blocks, so one more is needed: (4, 38) ... (4, 50), (3, 39) ... (3, 66),
-    (5, 38) ... (5, 40)."""
+    a stretch of 40 consecutive kernels x3, anywhere. The report must be within 2 % of 20 us for
+    every position of the stretch (and on hidden GPUs no harder in either bound), with the fewest
+    timed calls in all (at most 200). A clean block reports (c x 20 + 15) / c us: c >= 38. A
+    stretch of 40 can touch ceil(39 / c) + 1 blocks, so one more is needed: (4, 38) works with 152
+    calls, (3, 39) with 117, the fewest (:func:`_fewest_plan`)."""
     if plan is None:
         raise _NotAttempted("write (blocks, calls) in plan")
     if isinstance(plan, str) or not isinstance(plan, (tuple, list)) or len(plan) != 2:
@@ -194,6 +214,19 @@ def check_timing_plan(plan):
                          f"{calls} calls can {k_slow} consecutive kernels touch?")
         if k == 0:
             summary = (clean, worst, len(reports))
+    fewest_blocks, fewest_calls = _fewest_plan()
+    if blocks * calls > fewest_blocks * fewest_calls:
+        works = f"({blocks}, {calls}) works, with {blocks * calls} timed calls"
+        if calls == _fewest_calls_per_block():
+            raise _Wrong(works + f"; {calls} is the fewest calls per block, but not the "
+                         f"cheapest plan: with one call more per block, how many blocks can a "
+                         f"stretch of {g['stretch']} kernels touch?")
+        if blocks > _blocks_needed(calls):
+            raise _Wrong(works + f", but blocks of {calls} calls need fewer than {blocks}: how "
+                         f"many blocks of {calls} calls can {g['stretch']} consecutive kernels "
+                         f"touch?")
+        raise _Wrong(works + "; a plan with fewer calls works: for each number of calls per "
+                     "block from the fewest up, find the fewest blocks, and compare the totals")
     clean, worst, n = summary
     return (f"({blocks}, {calls}): {blocks * calls} timed calls; a clean block reports "
             f"{1e6 * clean:.2f} µs per call ({clean / g['kernel_s'] - 1:.2%} over {us:.0f} µs), "

@@ -464,6 +464,10 @@ def loops_all_tiles(T, block_size, causal):  # (i) causal computes the tiles abo
     return _loops(T, block_size, causal, tiles=n * n)
 
 
+def loops_ignore_causal(T, block_size, causal):  # causal not read at all: the full count every time
+    return _loops(T, block_size, False)
+
+
 def loops_no_mask(T, block_size, causal):  # (ii) the diagonal tiles' ones, triu_, masked_fill_ left out
     return _loops(T, block_size, causal, masked=0)
 
@@ -713,6 +717,8 @@ CASES = [
     (C.check_loop_operations, stub, None, "still returns None: replace the TODO with your code and run the cell again"),
     (C.check_loop_operations, stub_raises, None, NA),
     (C.check_loop_operations, loops_all_tiles, False, "query block i visits key blocks 0 .. i only"),
+    (C.check_loop_operations, loops_ignore_causal, False, "your full counts are right, but your causal counts equal them"),
+    (C.check_loop_operations, loops_ignore_causal, False, "block_size=32: 1025, expected 629"),
     (C.check_loop_operations, loops_no_mask, False, "ones and triu_ build the mask, masked_fill_ applies it"),
     (C.check_loop_operations, loops_floor, False, "count the last, partial query block too"),
     (C.check_loop_operations, loops_no_block_ops, False, "count them once per query block"),

@@ -1197,6 +1197,12 @@ def check_loop_operations(loop_operations):
                 "however little it computes.")
     i = _named_mistake(got, refs, _LOOP_PATTERNS, cases)
     T, b, c = cases[i]
+    full = {(T_, b_): n for (T_, b_, c_), n in zip(cases, refs, strict=True) if not c_}
+    if all(n == (full[T_, b_] if c_ else ref)
+           for (T_, b_, c_), n, ref in zip(cases, got, refs, strict=True)):
+        raise _Wrong(f"your full counts are right, but your causal counts equal them (T={T}, "
+                     f"block_size={b}: {got[i]}, expected {refs[i]}): which tiles does a causal "
+                     f"call skip, and which does it mask (section 7's tile map)?")
     raise _Wrong(f"for T={T}, block_size={b}, causal={c}: expected {refs[i]} operations; got "
                  f"{got[i]}")
 

@@ -12,9 +12,9 @@ that enlarges context vectors crowded near the centroid).
 
 Two small helpers for the measured plots of notebook 05: ``log_ticks`` (a log axis labelled with
 plain numbers) and ``label_points`` (name labels for dots, kept apart where dots share an x); and
-its six figures, so that its cells show attention code, not matplotlib: ``plot_online_softmax``,
-``plot_error_dots``, ``plot_memory_hierarchy``, ``plot_roofline``, ``plot_block_sweep`` and
-``plot_times_by_length``.
+its figures, so that its cells show attention code, not matplotlib: ``plot_online_softmax``,
+``plot_memory_hierarchy``, ``plot_roofline``, ``plot_block_sweep``, ``plot_times_by_length`` and
+``plot_gpu_record``.
 
 One figure for notebook 03's float32 masks: ``plot_mask_error_vs_gap`` (masking after the
 softmax against the gap of a future score, with its NaN rows and the cut-offs from the format).
@@ -31,7 +31,7 @@ import seaborn as sns
 
 __all__ = ["plot_attention", "plot_heads", "plot_bottleneck", "plot_word_links",
            "plot_context_vectors", "zoom_context_vectors", "log_ticks", "label_points",
-           "print_table", "plot_online_softmax", "plot_error_dots", "plot_memory_hierarchy",
+           "print_table", "plot_online_softmax", "plot_memory_hierarchy",
            "plot_roofline", "plot_block_sweep", "plot_times_by_length", "plot_gpu_record",
            "plot_mask_error_vs_gap"]
 
@@ -614,38 +614,6 @@ def plot_online_softmax(scores, trace):
     ax_l.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     return fig
-
-
-def plot_error_dots(errors: dict, xlabel: str, title: str, unit: str = "%"):
-    """A dot plot of errors on a log x axis, one row per group; returns the axes.
-
-    ``errors``: ``{row label: {series name: value}}``, every row naming the same series in the
-    same order. Each series gets its own marker and colour, each dot its value written beside it
-    (3 significant digits, then ``unit``)."""
-    rows = list(errors)
-    if not rows:
-        raise ValueError("errors must hold at least one row {label: {series: value}}")
-    series = list(errors[rows[0]])
-    if any(list(errors[r]) != series for r in rows):
-        raise ValueError(f"every row must name the same series in the same order: {series}")
-    styles = [("o", "tab:green"), ("s", "tab:red"), ("^", "tab:purple"), ("D", "tab:blue")]
-    if len(series) > len(styles):
-        raise ValueError(f"at most {len(styles)} series; got {len(series)}")
-    fig, ax = plt.subplots(figsize=(6.5, 0.8 + len(rows)))
-    for j, (name, (marker, color)) in enumerate(zip(series, styles, strict=False)):
-        xs = [errors[r][name] for r in rows]
-        ys = [k + 0.2 * (j - (len(series) - 1) / 2) for k in range(len(rows))]
-        ax.plot(xs, ys, marker, ms=9, color=color, ls="none", label=name)
-        for x, y in zip(xs, ys, strict=True):
-            ax.annotate(f"{x:.3g}{unit}", (x, y), xytext=(8, 0), textcoords="offset points",
-                        fontsize=8, va="center", color=color)
-    ax.set_yticks(range(len(rows)), rows)
-    ax.set_xscale("log")
-    log_ticks(ax, "x")
-    ax.set(xlabel=xlabel, ylim=(len(rows) - 0.5, -0.5), title=title)
-    ax.grid(axis="x", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1))
-    return ax
 
 
 def plot_memory_hierarchy(n_tiles: int = 4, hbm=("40 GB", "1.5 TB/s"), sram=("192 KiB", "19 TB/s"),

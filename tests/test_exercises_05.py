@@ -102,118 +102,7 @@ PEAK_GRAPH, PEAK_GUARDED, PEAK_P_TWICE, PEAK_ALL_MADE = 3, 4.25, 4, 6
 PEAK_NO_SAVED, PEAK_OFF_QUARTER, PEAK_WITH_D_OVER_T, PEAK_HALF = 2, 3.1, 3.125, 3.5
 
 
-# 5.3 (b): the bytes naive attention's graph saves, written from the chain, not from the checker:
-# Q @ K^T saves Q and K, softmax saves P (nan_to_num reuses it), P_clean @ V saves P_clean and V
-def saved_ok(B, H, T_q, T_k, d_k, d_v, dtype):
-    e = torch.finfo(dtype).bits // 8
-    return B * H * e * (T_q * d_k + T_k * d_k + 2 * T_q * T_k + T_k * d_v)
-
-
-def saved_four_bytes(B, H, T_q, T_k, d_k, d_v, dtype):
-    return saved_ok(B, H, T_q, T_k, d_k, d_v, torch.float32)
-
-
-def saved_mib(B, H, T_q, T_k, d_k, d_v, dtype):
-    return saved_ok(B, H, T_q, T_k, d_k, d_v, dtype) / 2**20
-
-
-def saved_with_scores(B, H, T_q, T_k, d_k, d_v, dtype):  # the scaled scores S counted too
-    return saved_ok(B, H, T_q, T_k, d_k, d_v, dtype) + B * H * T_q * T_k * torch.finfo(dtype).bits // 8
-
-
-def saved_one_square(B, H, T_q, T_k, d_k, d_v, dtype):  # P only
-    return saved_ok(B, H, T_q, T_k, d_k, d_v, dtype) - B * H * T_q * T_k * torch.finfo(dtype).bits // 8
-
-
-def saved_no_qk(B, H, T_q, T_k, d_k, d_v, dtype):
-    return B * H * torch.finfo(dtype).bits // 8 * (2 * T_q * T_k + T_k * d_v)
-
-
-def saved_no_v(B, H, T_q, T_k, d_k, d_v, dtype):
-    return B * H * torch.finfo(dtype).bits // 8 * (T_q * d_k + T_k * d_k + 2 * T_q * T_k)
-
-
-def saved_with_output(B, H, T_q, T_k, d_k, d_v, dtype):
-    return saved_ok(B, H, T_q, T_k, d_k, d_v, dtype) + B * H * T_q * d_v * torch.finfo(dtype).bits // 8
-
-
-def saved_self_attention_rows(B, H, T_q, T_k, d_k, d_v, dtype):  # K and V given T_q rows
-    return B * H * torch.finfo(dtype).bits // 8 * (2 * T_q * d_k + 2 * T_q * T_k + T_q * d_v)
-
-
-def saved_v_width_dk(B, H, T_q, T_k, d_k, d_v, dtype):
-    return saved_ok(B, H, T_q, T_k, d_k, d_k, dtype)
-
-
-def saved_no_heads(B, H, T_q, T_k, d_k, d_v, dtype):
-    return saved_ok(B, 1, T_q, T_k, d_k, d_v, dtype)
-
-
-# 5.4 ------------------------------------------------------------------------------------------
-def blocks_ok(sram_kib, head_dim, dtype):
-    M = sram_kib * 1024 // dtype.itemsize  # elements that fit in the SRAM
-    B_c = -(-M // (4 * head_dim))  # ceil(M / 4d) in integers
-    return min(B_c, head_dim), B_c
-
-
-def blocks_bytes(sram_kib, head_dim, dtype):
-    B_c = math.ceil(sram_kib * 1024 / (4 * head_dim))
-    return min(B_c, head_dim), B_c
-
-
-def blocks_four_bytes(sram_kib, head_dim, dtype):
-    B_c = math.ceil(sram_kib * 1024 / 4 / (4 * head_dim))
-    return min(B_c, head_dim), B_c
-
-
-def blocks_floor(sram_kib, head_dim, dtype):
-    B_c = sram_kib * 1024 // dtype.itemsize // (4 * head_dim)
-    return min(B_c, head_dim), B_c
-
-
-def blocks_round(sram_kib, head_dim, dtype):  # round() goes down in some cases, up in others
-    B_c = round(sram_kib * 1024 / dtype.itemsize / (4 * head_dim))
-    return min(B_c, head_dim), B_c
-
-
-def blocks_kilo(sram_kib, head_dim, dtype):
-    B_c = math.ceil(sram_kib * 1000 // dtype.itemsize / (4 * head_dim))
-    return min(B_c, head_dim), B_c
-
-
-def blocks_no_cap(sram_kib, head_dim, dtype):
-    return blocks_ok(sram_kib, head_dim, dtype)[1], blocks_ok(sram_kib, head_dim, dtype)[1]
-
-
-def blocks_swapped(sram_kib, head_dim, dtype):
-    return blocks_ok(sram_kib, head_dim, dtype)[::-1]
-
-
-def blocks_one_d(sram_kib, head_dim, dtype):
-    B_c = math.ceil(sram_kib * 1024 // dtype.itemsize / head_dim)
-    return min(B_c, head_dim), B_c
-
-
-def blocks_two_d(sram_kib, head_dim, dtype):  # only K_j and V_j counted
-    B_c = math.ceil(sram_kib * 1024 // dtype.itemsize / (2 * head_dim))
-    return min(B_c, head_dim), B_c
-
-
-def blocks_r_is_d(sram_kib, head_dim, dtype):  # B_r = d even where B_c < d
-    return head_dim, blocks_ok(sram_kib, head_dim, dtype)[1]
-
-
-def blocks_exact(sram_kib, head_dim, dtype):  # Q_i, O_i of B_r = d rows, K_j, V_j fill the rest
-    M = sram_kib * 1024 // dtype.itemsize
-    B_r, B_c = blocks_ok(sram_kib, head_dim, dtype)
-    return (B_r, B_c) if B_c <= head_dim else (head_dim, -(-(M - 2 * head_dim**2) // (2 * head_dim)))
-
-
-def blocks_from_batch_heads(sram_kib, head_dim, dtype):  # the old exercise's idea: B*H tiles
-    return 64, 64
-
-
-# 5.5 (a): which rows the colleague's loop gets right -------------------------------------------
+# 5.4 (a): which rows the colleague's loop gets right -------------------------------------------
 def rows_ok(S, block_size):  # the row's maximum over all keys is reached inside the first block
     return S[..., :block_size].amax(dim=-1) >= S.amax(dim=-1)
 
@@ -269,7 +158,7 @@ def rows_keepdim(S, block_size):
     return S[..., :block_size].amax(dim=-1, keepdim=True) >= S.amax(dim=-1, keepdim=True)
 
 
-# 5.5 (b): the fixed loop and typical wrong fixes ----------------------------------------------
+# 5.4 (c): the fixed loop and typical wrong fixes ----------------------------------------------
 def _key_blocks(Q, K, V, block_size, step):
     """The colleague's loop with its per-block update supplied by ``step(m, m_new, l, acc, s, v)``;
     returns what step's last state gives (acc / l unless step says otherwise)."""
@@ -414,8 +303,8 @@ def fix_dk_wide(Q, K, V, block_size):  # output d_k wide, not d_v
     return fix_ok(Q, K, K, block_size)
 
 
-# 5.5 (b): the smallest test that catches the bug ----------------------------------------------
-# 5.6 (a): tiled_attention's operations on a (1, 1, T, 1) float32 CPU input, read off its loop:
+# 5.4 (b): the smallest test that catches the bug ----------------------------------------------
+# 5.5 (a): tiled_attention's operations on a (1, 1, T, 1) float32 CPU input, read off its loop:
 # once per call promote_types (the accumulator's dtype); per query block mul (q * scale), full (m),
 # zeros (l), zeros (acc), then gt, scalar_tensor, where, div (normalising); per tile bmm, amax,
 # maximum, eq, scalar_tensor, where, sub, exp (alpha), sub_, exp_ (p), sum, mul_, add_ (l),
@@ -587,7 +476,7 @@ CASES = [
     (C.check_merge_partials, merge_average_outputs, False, "averaged the two parts' outputs"),
     (C.check_merge_partials, merge_in_place, False, "changed its input acc1 in place"),
     (C.check_merge_partials, merge_one_max, False, "m is per query row"),
-    # 5.3 (a): the graph's bound on the textbook chain; the notebook then measures both chains
+    # 5.3: the graph's bound on the textbook chain; the notebook then measures both chains
     (C.check_training_peak, PEAK_GRAPH, True, "Now measure"),
     (C.check_training_peak, 3, True, OK),
     (C.check_training_peak, 3.0, True, "at the softmax's backward step"),
@@ -604,51 +493,7 @@ CASES = [
     (C.check_training_peak, 1000, False, "does not grow"),
     (C.check_training_peak, "3", False, "not a string"),
     (C.check_training_peak, -1, False, "not negative"),
-    # 5.3 (b): bytes saved for the backward pass, from the shapes
-    (C.check_saved_bytes, saved_ok, True, "the two T_q x T_k tensors dwarf the rest"),
-    (C.check_saved_bytes, stub, None, NA),
-    (C.check_saved_bytes, saved_four_bytes, False, "as many per element as the dtype has"),
-    (C.check_saved_bytes, saved_mib, False, "not MiB"),
-    (C.check_saved_bytes, saved_with_scores, False, "scaled scores are never saved"),
-    (C.check_saved_bytes, saved_one_square, False, "one T_q x T_k tensor too few"),
-    (C.check_saved_bytes, saved_no_qk, False, "save Q and K"),
-    (C.check_saved_bytes, saved_no_v, False, "needs V"),
-    (C.check_saved_bytes, saved_with_output, False, "the output O is not saved"),
-    (C.check_saved_bytes, saved_self_attention_rows, False, "T_k rows"),
-    (C.check_saved_bytes, saved_v_width_dk, False, "d_v entries"),
-    (C.check_saved_bytes, saved_no_heads, False, "not what the graph saves"),
-    # 5.4
-    # 5.4 (a) the prediction, A100: 163 KiB of shared memory per thread block, d = 128
-    # by hand: float16 M = 163 * 1024 / 2 = 83,456, B_c = ceil(83,456 / 512) = 163, B_r = 128;
-    # float32 M = 41,728, B_c = ceil(81.5) = 82 (< d), B_r = 82: factors (82 / 128, 82 / 163)
-    (C.check_flash_block_prediction, (82 / 128, 82 / 163), True, "the cap binding"),
-    (C.check_flash_block_prediction, (0.64, 0.5), True, OK),
-    (C.check_flash_block_prediction, [0.64, 0.5], True, OK),
-    (C.check_flash_block_prediction, None, None, NA),
-    (C.check_flash_block_prediction, (0.5, 82 / 128), False, "query block first"),
-    (C.check_flash_block_prediction, (128 / 82, 2), False, "not the other way round"),
-    (C.check_flash_block_prediction, (1, 1), False, "halve M"),
-    (C.check_flash_block_prediction, (0.64, 0.25), False, "proportional to M"),
-    (C.check_flash_block_prediction, (1, 0.5), False, "cap binds only while"),  # B_r kept at d
-    (C.check_flash_block_prediction, (0.5, 0.5), False, "does not simply follow"),
-    (C.check_flash_block_prediction, (0.7, 0.5), False, "compute both blocks"),
-    (C.check_flash_block_prediction, 0.5, False, "two numbers"),
-    (C.check_flash_block_prediction, ("0.64", "0.5"), False, "not a string"),
-    (C.check_flash_block_sizes, blocks_ok, True, "line 1 of Algorithm 1: B_c = ceil(M / 4d)"),
-    (C.check_flash_block_sizes, stub, None, NA),
-    (C.check_flash_block_sizes, blocks_bytes, False, "not bytes"),
-    (C.check_flash_block_sizes, blocks_four_bytes, False, "you used 4 for every dtype"),
-    (C.check_flash_block_sizes, blocks_floor, False, "you rounded B_c down, so the four blocks fall short of M"),
-    (C.check_flash_block_sizes, blocks_round, False, "for 99 KiB, head_dim 80, torch.float16: you rounded B_c down"),
-    (C.check_flash_block_sizes, blocks_kilo, False, "1024 bytes, not 1000"),
-    (C.check_flash_block_sizes, blocks_no_cap, False, "cap B_r by the head size"),
-    (C.check_flash_block_sizes, blocks_r_is_d, False, "no taller than the key block"),
-    (C.check_flash_block_sizes, blocks_exact, False, "you sized Q_i and O_i with the capped B_r"),
-    (C.check_flash_block_sizes, blocks_swapped, False, "the query block first"),
-    (C.check_flash_block_sizes, blocks_one_d, False, "four blocks share the SRAM"),
-    (C.check_flash_block_sizes, blocks_two_d, False, "not only K_j and V_j"),
-    (C.check_flash_block_sizes, blocks_from_batch_heads, False, "expected (B_r, B_c)"),
-    # 5.5 (a): the rows the buggy loop still gets right
+    # 5.4 (a): the rows the buggy loop still gets right
     (C.check_rows_right, rows_ok, True, "its maximum is in the first block"),
     (C.check_rows_right, rows_numpy, True, OK),
     (C.check_rows_right, stub, None, NA),
@@ -664,7 +509,7 @@ CASES = [
     (C.check_rows_right, rows_float, False, "return booleans"),
     (C.check_rows_right, rows_list, False, "got list"),
     (C.check_rows_right, rows_keepdim, False, "of shape S.shape[:-1] = (2, 3, 7) (one entry per query row); got shape (2, 3, 7, 1)"),
-    # 5.5 (b): the smallest test that catches the bug
+    # 5.4 (b): the smallest test that catches the bug
     (C.check_catching_test, CATCH_OK, True, "two keys in blocks of one, the second raising the max"),
     (C.check_catching_test, CATCH_NUMPY, True, OK),
     (C.check_catching_test, CATCH_EQUAL_V, True, "the loop is off by 0.762"),
@@ -689,7 +534,7 @@ CASES = [
     (C.check_catching_test, CATCH_THREE_ITEMS, False, "write four things, catching_test = (Q, K, V, block_size); got 3 items"),
     (C.check_catching_test, CATCH_TEXT_Q, False, "Q should be a tensor of shape (T_q, d_k); got the text 'Q'"),
     (C.check_catching_test, CATCH_BOOL_V, False, "V should hold real numbers; got dtype torch.bool"),
-    # 5.5 (c): the fix
+    # 5.4 (c): the fix
     (C.check_key_block_fix, fix_ok, True, "FlashAttention-2 also defers the division"),
     (C.check_key_block_fix, fix_einsum_where, True, OK),
     (C.check_key_block_fix, stub, None, NA),
@@ -710,7 +555,7 @@ CASES = [
     (C.check_key_block_fix, fix_float64_out, False, "expected dtype torch.float32 (the inputs'), got torch.float64"),
     (C.check_key_block_fix, fix_dk_wide, False, "expected shape (2, 3, 7, 5) (..., T_q, d_v), got (2, 3, 7, 8)"),
     (C.check_key_block_fix, fix_one_block_only, False, "when m grows, what must happen to l and to acc?"),
-    # 5.6 (a): the tile loop's operations
+    # 5.5 (a): the tile loop's operations
     (C.check_loop_operations, loops_ok, True, "1 operation per call, 8 per query block, 15 per tile and 3 more per tile the diagonal crosses"),
     (C.check_loop_operations, loops_float, True, "grows like (T / b)^2"),
     (C.check_loop_operations, loops_numpy, True, OK),
@@ -897,27 +742,6 @@ def test_no_guard_chain_peak_is_the_graph_bound():
     assert nb05._training_peak_limit() > limit + 0.5
 
 
-@pytest.mark.parametrize("case", nb05._SAVED_CASES)
-def test_saved_bytes_formula_is_what_autograd_saves(case):
-    """The checker's reference against PyTorch's own record: the saved-tensor hooks see every
-    tensor a backward formula keeps; each storage counted once, at the hidden cases' shapes."""
-    from shared.modules import naive_attention
-
-    B, H, T_q, T_k, d_k, d_v, dtype = case
-    Q = torch.randn(B, H, T_q, d_k, dtype=dtype, requires_grad=True)
-    K = torch.randn(B, H, T_k, d_k, dtype=dtype, requires_grad=True)
-    V = torch.randn(B, H, T_k, d_v, dtype=dtype, requires_grad=True)
-    storages = {}
-
-    def keep(t):
-        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
-        naive_attention(Q, K, V)
-    assert sum(storages.values()) == saved_ok(*case) == torch.finfo(dtype).bits // 8 * nb05._saved_elements(*case[:-1])
-
-
 def test_naive_attention_saves_two_square_tensors():
     """By reading shared.modules: softmax's backward needs its output P and the product with V
     needs the cleaned copy nan_to_num(P): two distinct T x T storages. Counted here by walking
@@ -939,15 +763,6 @@ def test_naive_attention_saves_two_square_tensors():
                     square.add(t.untyped_storage().data_ptr())
         stack.extend(f for f, _ in fn.next_functions)
     assert len(square) == 2
-
-
-def test_flash_block_sizes_by_hand():
-    """A100: 163 KiB of shared memory per thread block, d = 128, bfloat16: M = 83,456 elements,
-    B_c = ceil(83456 / 512) = 163, B_r = min(163, 128) = 128 (the paper's rule; real kernels tune)."""
-    assert blocks_ok(163, 128, torch.bfloat16) == (128, 163)
-    assert blocks_ok(163, 128, torch.float32) == (82, 82)  # 41,728 / 512 = 81.5, rounded up
-    assert blocks_ok(100, 80, torch.float16) == (80, 160)  # 51,200 / 320 = 160 exactly
-    assert blocks_ok(48, 96, torch.float32) == (32, 32)  # 12,288 / 384 = 32
 
 
 def test_tiled_attention_memory_grows_with_the_block():
@@ -1138,7 +953,7 @@ def test_catching_error_is_the_stale_terms_formula():
         assert math.isclose(err, (1 - math.exp(-delta)) * abs(v0) / (1 + math.exp(-delta)), abs_tol=1e-12)
 
 
-# 5.6 ------------------------------------------------------------------------------------------
+# 5.5 ------------------------------------------------------------------------------------------
 def _counted(T, block_size, causal):
     x = torch.zeros(1, 1, T, 1)
     return operation_counts(lambda: tiled_attention(x, x, x, block_size=block_size, causal=causal)).total()

@@ -18,7 +18,6 @@ from shared.plotting import (  # noqa: E402
     plot_attention,
     plot_block_sweep,
     plot_bottleneck,
-    plot_error_dots,
     plot_gpu_record,
     plot_heads,
     plot_online_softmax,
@@ -407,17 +406,6 @@ def test_plot_online_softmax_draws_each_chunks_sums_and_max():
 def test_plot_online_softmax_rejects_a_trace_that_misses_scores():
     with pytest.raises(ValueError, match="last chunk must end at the last score"):
         plot_online_softmax(np.zeros(5), [(0, 2, 0.0, 0.0, 0.0, 0.0, 1.0)])
-
-
-def test_plot_error_dots_places_and_labels_every_value():
-    errors = {"float16": {"a": 0.5, "b": 2.0}, "bfloat16": {"a": 4.0, "b": 30.0}}
-    ax = plot_error_dots(errors, xlabel="error (%)", title="t")
-    xs = [list(line.get_xdata()) for line in ax.get_lines()]
-    assert xs == [[0.5, 4.0], [2.0, 30.0]]  # one line per series, one dot per row
-    assert sorted(t.get_text() for t in ax.texts) == ["0.5%", "2%", "30%", "4%"]
-    assert labels(ax.get_yticklabels()) == ["float16", "bfloat16"]
-    with pytest.raises(ValueError, match="same series"):
-        plot_error_dots({"x": {"a": 1.0}, "y": {"b": 1.0}}, "e", "t")
 
 
 def test_plot_block_sweep_writes_no_ratio_and_puts_memory_right():

@@ -27,8 +27,7 @@ The exercises, by notebook (the checker names say what they check):
 * 04: ``check_bug_prediction``, ``check_fixed_multi_head``, ``check_duplicate_token_head``,
   ``check_attention_parameters``, ``check_gqa_prediction``, ``check_padding_changes``.
 * 05: ``check_buggy_timing_prediction``, ``check_timing_plan``, ``check_merge_partials``,
-  ``check_training_peak``, ``check_saved_bytes``, ``check_flash_block_prediction``,
-  ``check_flash_block_sizes``, ``check_rows_right``, ``check_catching_test``,
+  ``check_training_peak``, ``check_rows_right``, ``check_catching_test``,
   ``check_key_block_fix``, ``check_loop_operations``.
 * 06: ``check_previous_token_head``, ``check_position_mean_ablation``, ``check_k_composition``,
   ``check_fixed_period_shortcut``, ``check_duplicate_token_bug``.

@@ -6,13 +6,12 @@ wherever a neighbour's stretch of slowed kernels falls (``shared.benchmark.Simul
 per-``synchronize()`` host cost; every position simulated, hidden GPUs too); 5.2 merge two
 partial online-softmax states (split-K, as Flash-Decoding does); 5.3 predict naive
 attention's forward + backward peak, in score matrices, with the ``nan_to_num`` guard's backward
-temporaries (the notebook then measures it), and the bytes its graph saves; 5.4 predict how
-FlashAttention's blocks change from float16 to float32, then the block sizes from an SRAM budget;
-5.5 find which query rows a key-block loop that never rescales its accumulator still gets right
+temporaries (the notebook then measures it);
+5.4 find which query rows a key-block loop that never rescales its accumulator still gets right
 (the checker runs the loop to find out), then design the smallest test that catches that bug (one
 query, two keys in blocks of one, a later maximum, a nonzero earlier value; the checker runs its
 own float64 copy of the loop on it), then fix the loop (SDPA and softmax refused:
-the loop is fixed, not replaced); 5.6 count the operations ``tiled_attention`` dispatches from
+the loop is fixed, not replaced); 5.5 count the operations ``tiled_attention`` dispatches from
 its loop's structure (1 per call, 8 per query block, 15 per tile, 3 more per tile the causal
 diagonal crosses; the checker counts the real ones with ``operation_counts``), then predict its
 time at T = 512 from that count, section 7's fixed cost per operation and SDPA's FLOP rate
@@ -54,9 +53,6 @@ __all__ = [
     "check_timing_plan",
     "check_merge_partials",
     "check_training_peak",
-    "check_saved_bytes",
-    "check_flash_block_prediction",
-    "check_flash_block_sizes",
     "check_rows_right",
     "check_catching_test",
     "check_key_block_fix",
@@ -409,7 +405,7 @@ def check_merge_partials(merge_partials):
 
 
 # --------------------------------------------------------------------------------------------
-# 5.3 (a) The graph's bound on the textbook chain's forward + backward peak (score matrices)
+# 5.3 The graph's bound on the textbook chain's forward + backward peak (score matrices)
 # --------------------------------------------------------------------------------------------
 def _dtype_bytes(dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
@@ -483,206 +479,7 @@ def check_training_peak(training_peak_prediction):
 
 
 # --------------------------------------------------------------------------------------------
-# 5.3 (b) What naive attention's graph saves for the backward pass, in bytes, from the shapes
-# --------------------------------------------------------------------------------------------
-_SAVED_CASES = (  # (B, H, T_q, T_k, d_k, d_v, dtype): T_q != T_k and d_k != d_v in most
-    (2, 3, 7, 19, 8, 5, torch.float32),
-    (1, 4, 33, 12, 16, 24, torch.bfloat16),
-    (3, 2, 10, 10, 64, 32, torch.float16),
-    (1, 5, 40, 9, 6, 11, torch.float64),
-)
-
-
-def _saved_elements(B, H, T_q, T_k, d_k, d_v, squares=2, q_k=True, v=True, out=False,
-                    kv_rows=None, v_width=None):
-    """Elements of the tensors naive attention's graph saves: Q (T_q x d_k) and K (T_k x d_k) for
-    Q @ K^T, V (T_k x d_v) and the cleaned weights for P @ V, softmax's output P (nan_to_num's
-    backward reuses the same P), each B * H times. The keywords build the typical mistakes."""
-    kv_rows = T_k if kv_rows is None else kv_rows
-    v_width = d_v if v_width is None else v_width
-    n = squares * T_q * T_k + (T_q * d_k + kv_rows * d_k if q_k else 0)
-    n += kv_rows * v_width if v else 0
-    n += T_q * d_v if out else 0
-    return B * H * n
-
-
-@_checker
-def check_saved_bytes(saved_bytes):
-    """``saved_bytes(B, H, T_q, T_k, d_k, d_v, dtype)`` -> the bytes autograd saves for the
-    backward pass of ``naive_attention(Q, K, V)`` (Q ``(B, H, T_q, d_k)``, K ``(B, H, T_k, d_k)``,
-    V ``(B, H, T_k, d_v)``), each storage counted once: Q and K, softmax's output P (``T_q x
-    T_k``; ``nan_to_num``'s backward reuses it), the cleaned weights and V. Read from the shapes,
-    not measured: the tests check the formula against what PyTorch's saved-tensor hooks see."""
-    got, parts = [], []
-    for B, H, T_q, T_k, d_k, d_v, dtype in _SAVED_CASES:
-        ans = _call(saved_bytes, B, H, T_q, T_k, d_k, d_v, dtype, name="saved_bytes",
-                    on_error=f"called with B={B}, H={H}, T_q={T_q}, T_k={T_k}, d_k={d_k}, "
-                             f"d_v={d_v}, dtype={dtype}")
-        got.append(_number(ans, "the number of bytes"))
-        parts.append(((B, H, T_q, T_k, d_k, d_v), _dtype_bytes(dtype)))
-    refs = [e * _saved_elements(*shape) for shape, e in parts]
-    if all(abs(g - r) < 0.5 for g, r in zip(got, refs, strict=True)):
-        return ("Q, K, V, P and the cleaned weights: the two T_q x T_k tensors dwarf the rest "
-                "as T grows. SDPA's fused kernel keeps Q, K, V, O and one log-sum-exp per query.")
-    patterns = (  # (hint, bytes for one case): each differs from the answer on some hidden case
-        ("units: count bytes, as many per element as the dtype has (float16 and bfloat16: 2, "
-         "float32: 4, float64: 8)", lambda s, e: 4 * _saved_elements(*s)),
-        ("count bytes, not MiB (do not divide by 2**20)",
-         lambda s, e: e * _saved_elements(*s) / 2**20),
-        ("one T_q x T_k tensor too many: softmax's backward needs only its output P (the scaled "
-         "scores are never saved), and nan_to_num's backward reuses that same P",
-         lambda s, e: e * _saved_elements(*s, squares=3)),
-        ("one T_q x T_k tensor too few: P @ V's backward needs the cleaned weights, a tensor "
-         "distinct from the P that softmax keeps", lambda s, e: e * _saved_elements(*s, squares=1)),
-        ("Q @ K^T's backward needs both of its inputs: dQ = dS K and dK = dS^T Q save Q and K",
-         lambda s, e: e * _saved_elements(*s, q_k=False)),
-        ("P @ V's backward needs V (dP = dO V^T): count it",
-         lambda s, e: e * _saved_elements(*s, v=False)),
-        ("the output O is not saved: sum's backward needs no input, and no later step uses O",
-         lambda s, e: e * _saved_elements(*s, out=True)),
-        ("K and V have T_k rows (one per key), not T_q",
-         lambda s, e: e * _saved_elements(*s, kv_rows=s[2])),
-        ("V's rows have d_v entries, not d_k",
-         lambda s, e: e * _saved_elements(*s, v_width=s[4])),
-    )
-    for hint, pattern in patterns:
-        expected = [pattern(shape, e) for shape, e in parts]
-        if any(abs(x - r) >= 0.5 for x, r in zip(expected, refs, strict=True)) and all(
-                abs(g - x) <= 1e-6 * abs(x) for g, x in zip(got, expected, strict=True)):
-            raise _Wrong(hint)
-    if any(g <= 0 for g in got):
-        raise _Wrong("a saved tensor takes memory: the bytes are positive")
-    i = next(i for i, (g, r) in enumerate(zip(got, refs, strict=True)) if abs(g - r) >= 0.5)
-    (B, H, T_q, T_k, d_k, d_v), _ = parts[i]
-    raise _Wrong(f"for B={B}, H={H}, T_q={T_q}, T_k={T_k}, d_k={d_k}, d_v={d_v}, "
-                 f"{_SAVED_CASES[i][-1]}: got {got[i]:g} bytes, not what the graph saves. Walk "
-                 "the chain: which tensors does each step's backward formula need?")
-
-
-# --------------------------------------------------------------------------------------------
-# 5.4 FlashAttention's block sizes from the SRAM budget of one streaming multiprocessor
-# --------------------------------------------------------------------------------------------
-_BLOCK_CASES = (  # (sram_kib, head_dim, dtype): M / (4 d) is not a whole number in most
-    (99, 80, torch.float16),  # 50,688 elements / 320 = 158.4 -> B_c = 159, B_r = 80
-    (163, 80, torch.bfloat16),  # 83,456 / 320 = 260.8 -> 261, 80
-    (48, 96, torch.float32),  # 12,288 / 384 = 32 exactly -> 32, 32
-    (227, 112, torch.float16),  # 116,224 / 448 = 259.4 -> 260, 112
-    (64, 256, torch.float32),  # 16,384 / 1,024 = 16 -> 16, 16 (B_c below d)
-)
-
-
-_ROUND_UP = ("you rounded B_c down, so the four blocks fall short of M: round up to the next whole "
-             "number of rows, as Algorithm 1 does")
-
-
-def _flash_blocks(kib, d, e, kib_bytes=1024, rnd=math.ceil, four=4):
-    M = kib * kib_bytes // e  # SRAM size in elements
-    B_c = rnd(M / (four * d))
-    return min(B_c, d), B_c
-
-
-def _flash_blocks_exact(kib, d, e):
-    # a typical misreading: Q_i and O_i sized with the capped B_r rows, K_j and V_j filling the rest
-    B_r, B_c = _flash_blocks(kib, d, e)
-    return (B_r, B_c) if B_c <= d else (d, math.ceil((kib * 1024 // e - 2 * d * d) / (2 * d)))
-
-
-@_checker
-def check_flash_block_prediction(block_prediction):
-    """``block_prediction``: ``(B_r factor, B_c factor)``, each the block in float32 divided by the
-    block in float16, for an A100 (163 KiB of shared memory per thread block) at ``d = 128``.
-    float16: ``M = 83,456``, ``B_c = 163``, ``B_r = min(163, 128) = 128``; float32:
-    ``M = 41,728``, ``B_c = ceil(81.5) = 82``, ``B_r = 82``: factors ``(82 / 128, 82 / 163)``,
-    about ``(0.64, 0.5)``. The cap binds in one dtype only."""
-    if block_prediction is None:
-        raise _NotAttempted("write (B_r factor, B_c factor) in block_prediction")
-    try:
-        f_r, f_c = (_number(x, "each factor") for x in block_prediction)
-    except (TypeError, ValueError):
-        raise _Wrong("write two numbers, (B_r factor, B_c factor); got "
-                     f"{block_prediction!r:.60}") from None
-    (r16, c16), (r32, c32) = _flash_blocks(163, 128, 2), _flash_blocks(163, 128, 4)
-    right_r, right_c = r32 / r16, c32 / c16  # 0.640625, 0.503
-
-    def near(a, b):
-        return abs(a - b) < 0.005
-
-    if near(f_r, right_r) and near(f_c, right_c):
-        return (f"float16: B_c = {c16}, B_r = min({c16}, 128) = {r16}, the cap binding; float32: "
-                f"B_c = {c32}, now below d, so B_r = {r32}. Now write the rule for any SRAM, head "
-                "size and dtype.")
-    if near(f_r, right_c) and near(f_c, right_r):
-        raise _Wrong("the order is (B_r factor, B_c factor): the query block first")
-    if f_r > 1.001 or f_c > 1.001:
-        raise _Wrong("a float32 element takes twice the bytes, so the same SRAM holds fewer "
-                     "elements: a factor is the float32 block divided by the float16 one, not "
-                     "the other way round")
-    if near(f_c, 1):
-        raise _Wrong("M counts elements, not bytes: 4-byte elements halve M, and B_c with it")
-    if not near(f_c, right_c):
-        raise _Wrong("B_c is proportional to M, the SRAM in elements: find how M changes when "
-                     "an element takes 4 bytes instead of 2")
-    if near(f_r, 1):
-        raise _Wrong("B_r is capped at d, but the cap binds only while B_c is at least d: "
-                     "compute B_c at d = 128 in both dtypes and compare it with d")
-    if near(f_r, right_c):
-        raise _Wrong("B_r does not simply follow B_c: in float16 at d = 128, which of its two "
-                     "bounds sets B_r?")
-    raise _Wrong("compute both blocks in both dtypes from M, the SRAM in elements, then compare "
-                 "each with d")
-
-
-@_checker
-def check_flash_block_sizes(flash_block_sizes):
-    """``flash_block_sizes(sram_kib, head_dim, dtype)`` -> ``(B_r, B_c)`` as in FlashAttention's
-    Algorithm 1 (Dao et al. 2022): with ``M`` the SRAM of one streaming multiprocessor counted in
-    elements of ``dtype``, ``B_c = ceil(M / (4 d))`` and ``B_r = min(B_c, d)``. (FlashAttention-2
-    swaps the loops and picks its block sizes per head size instead.)"""
-    got, refs, parts = [], [], []
-    for kib, d, dtype in _BLOCK_CASES:
-        ans = _call(flash_block_sizes, kib, d, dtype, name="flash_block_sizes",
-                    on_error=f"called with sram_kib={kib}, head_dim={d}, dtype={dtype}")
-        if not isinstance(ans, (tuple, list)) or len(ans) != 2:
-            raise _Wrong(f"return the two block sizes as a tuple (B_r, B_c); got {ans!r:.60}")
-        pair = tuple(_number(x, "each block size") for x in ans)
-        got.append(pair)
-        e = _dtype_bytes(dtype)
-        refs.append(_flash_blocks(kib, d, e))
-        parts.append((kib, d, e))
-    if got == refs:
-        return ("this is line 1 of Algorithm 1: B_c = ceil(M / 4d), B_r = min(B_c, d). Batch and "
-                "heads set how many thread blocks run, not their size, so B and H never enter. "
-                "Rounding up, the four blocks overfill M by under 4d elements.")
-    patterns = (
-        ("M counts elements of the dtype, not bytes: divide the SRAM's bytes by the bytes per "
-         "element", lambda kib, d, e: _flash_blocks(kib, d, 1)),
-        ("the bytes per element depend on the dtype (float16/bfloat16: 2, float32: 4): you "
-         "used 4 for every dtype", lambda kib, d, e: _flash_blocks(kib, d, 4)),
-        ("1 KiB is 1024 bytes, not 1000", lambda kib, d, e: _flash_blocks(kib, d, e, 1000)),
-        (_ROUND_UP, lambda kib, d, e: _flash_blocks(kib, d, e, rnd=math.floor)),
-        ("four blocks share the SRAM, Q_i, O_i, K_j and V_j, each B_c x d: you gave all of it "
-         "to one block", lambda kib, d, e: _flash_blocks(kib, d, e, four=1)),
-        ("Q_i and O_i sit in the SRAM too: four blocks of B_c x d share it, not only K_j and "
-         "V_j", lambda kib, d, e: _flash_blocks(kib, d, e, four=2)),
-        ("the query block is at most d rows: cap B_r by the head size",
-         lambda kib, d, e: (_flash_blocks(kib, d, e)[1],) * 2),
-        ("the query block is no taller than the key block: B_r reaches d only when B_c does",
-         lambda kib, d, e: (d, _flash_blocks(kib, d, e)[1])),
-        ("Algorithm 1 sizes B_c with all four blocks B_c rows tall, and only then caps B_r at d: "
-         "you sized Q_i and O_i with the capped B_r", _flash_blocks_exact),
-        ("return them in the order (B_r, B_c): the query block first",
-         lambda kib, d, e: _flash_blocks(kib, d, e)[::-1]),
-    )
-    i = _named_mistake(got, refs, patterns, parts)
-    kib, d, dtype = _BLOCK_CASES[i]
-    if got[i] == _flash_blocks(*parts[i], rnd=math.floor):  # rounded down here (round(), int())
-        raise _Wrong(f"for {kib} KiB, head_dim {d}, {dtype}: {_ROUND_UP}")
-    raise _Wrong(f"for {kib} KiB of SRAM, head_dim {d}, {dtype}: expected (B_r, B_c) = "
-                 f"{refs[i]}; got {tuple(int(x) if x == int(x) else x for x in got[i])}")
-
-
-# --------------------------------------------------------------------------------------------
-# 5.5 Find the bug in a tile loop: a key-block loop that never rescales its accumulator
+# 5.4 Find the bug in a tile loop: a key-block loop that never rescales its accumulator
 # --------------------------------------------------------------------------------------------
 def _buggy_key_blocks(S: torch.Tensor, V: torch.Tensor, block_size: int) -> torch.Tensor:
     """The colleague's loop on given scores S (..., T_q, T_k) and values V (..., T_k, d_v): l is
@@ -1120,7 +917,7 @@ def check_key_block_fix(fn):
 
 
 # --------------------------------------------------------------------------------------------
-# 5.6 Count the tile loop's operations, then predict its time
+# 5.5 Count the tile loop's operations, then predict its time
 # --------------------------------------------------------------------------------------------
 _LOOP_CASES = (  # (T, block_size): multiples of the block and not (none with T % b == 1), T < b
     (256, 32), (512, 32), (50, 32), (100, 16), (300, 64), (7, 32), (1000, 128),
@@ -1278,7 +1075,7 @@ def _loop_reading(ratio: float) -> str:
 
 
 def compare_loop_time(predicted_ms, us_per_op, sdpa_gflop_per_s, device="cpu") -> CheckResult:
-    """Exercise 5.6 (b): ``predicted_ms``, the learner's model of ``tiled_attention(Q, K, V,
+    """Exercise 5.5 (b): ``predicted_ms``, the learner's model of ``tiled_attention(Q, K, V,
     block_size=32)`` at B=1, H=8, T=512, head_dim=64, float32 on ``device``, must equal (its
     operations) x ``us_per_op`` (µs, section 7) + (the products' 4 B H T^2 d FLOPs) /
     ``sdpa_gflop_per_s`` (section 8), within 2 %, computed from the learner's own two

@@ -777,14 +777,21 @@ class _Recorder(torch.overrides.TorchFunctionMode):
     def __init__(self):
         super().__init__()
         self.seen: list[str] = []
-        self.widest_exp = 0  # the most keys (last dimension) one exp was taken over
+        self.exp_widths: set[int] = set()  # last-dimension sizes exp was taken over
+        self.max_widths: set[int] = set()  # last-dimension sizes a maximum reduced (amax / max)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", "")
         if name in _FORBIDDEN and _FORBIDDEN[name] not in self.seen:
             self.seen.append(_FORBIDDEN[name])
         if name in ("exp", "exp_") and args and isinstance(args[0], torch.Tensor) and args[0].dim():
-            self.widest_exp = max(self.widest_exp, args[0].shape[-1])
+            self.exp_widths.add(args[0].shape[-1])
+        if name in ("amax", "max") and args and isinstance(args[0], torch.Tensor) and args[0].dim():
+            t, dim = args[0], (kwargs or {}).get("dim", args[1] if len(args) > 1 else None)
+            dims = dim if isinstance(dim, (tuple, list)) else (dim,)
+            if not isinstance(dim, torch.Tensor) and any(
+                    k is None or k % t.dim() == t.dim() - 1 for k in dims):  # over the keys
+                self.max_widths.add(t.shape[-1])
         return func(*args, **(kwargs or {}))
 
 
@@ -888,8 +895,14 @@ def check_key_block_fix(fn):
             raise _Wrong(f"fix the loop, do not replace it: your function calls "
                          f"{' and '.join(rec.seen)}. Keep the colleague's block loop and add "
                          "the missing rescale")
-        if rec.widest_exp > b:
-            raise _Wrong(f"your function takes exp over {rec.widest_exp} keys at once, with "
+        T_k = K.shape[-2]
+        if T_k > b and T_k in rec.max_widths:
+            raise _Wrong(f"your function takes the maximum over all {T_k} keys at once, with "
+                         f"block_size={b} (Q {tuple(Q.shape)}, K {tuple(K.shape)}): a first pass "
+                         "over the keys, which the online softmax avoids. Keep the running maximum "
+                         "m, one block at a time, and rescale what was summed when it grows")
+        if T_k > b and T_k in rec.exp_widths:
+            raise _Wrong(f"your function takes exp over {T_k} keys at once, with "
                          f"block_size={b} (Q {tuple(Q.shape)}, K {tuple(K.shape)}): that needs the "
                          "row's maximum over all keys first. Keep the colleague's block loop, one "
                          "block of keys at a time, and add the missing rescale")

@@ -313,24 +313,22 @@ def fix_two_pass(Q, K, V, block_size):  # the whole row's maximum first: right n
     return (p @ V) / p.sum(dim=-1, keepdim=True)
 
 
-def fix_global_max_first(Q, K, V, block_size):  # two passes: the row's max first, then sums block by block
+def _max_first(Q, K, V, block_size, row_max):  # two passes: the row's max first, then sums block by block
     S = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
-    m = S.amax(dim=-1, keepdim=True)
+    m = row_max(S)
     l, acc = torch.zeros_like(m), torch.zeros(*S.shape[:-1], V.shape[-1], dtype=S.dtype)
     for k0 in range(0, S.shape[-1], block_size):
         p = torch.exp(S[..., k0:k0 + block_size] - m)
         l, acc = l + p.sum(dim=-1, keepdim=True), acc + p @ V[..., k0:k0 + block_size, :]
     return acc / l
+
+
+def fix_global_max_first(Q, K, V, block_size):  # the max by Tensor.amax
+    return _max_first(Q, K, V, block_size, lambda S: S.amax(dim=-1, keepdim=True))
 
 
 def fix_torch_max_first(Q, K, V, block_size):  # the same with torch.max(S, dim=-1)
-    S = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
-    m = torch.max(S, -1, keepdim=True).values
-    l, acc = torch.zeros_like(m), torch.zeros(*S.shape[:-1], V.shape[-1], dtype=S.dtype)
-    for k0 in range(0, S.shape[-1], block_size):
-        p = torch.exp(S[..., k0:k0 + block_size] - m)
-        l, acc = l + p.sum(dim=-1, keepdim=True), acc + p @ V[..., k0:k0 + block_size, :]
-    return acc / l
+    return _max_first(Q, K, V, block_size, lambda S: torch.max(S, -1, keepdim=True).values)
 
 
 def fix_dk_wide(Q, K, V, block_size):  # output d_k wide, not d_v

@@ -10,13 +10,8 @@ temporaries (the notebook then measures it);
 5.4 find which query rows a key-block loop that never rescales its accumulator still gets right
 (the checker runs the loop to find out), then design the smallest test that catches that bug (one
 query, two keys in blocks of one, a later maximum, a nonzero earlier value; the checker runs its
-own float64 copy of the loop on it), then fix the loop (SDPA and softmax refused:
-the loop is fixed, not replaced); 5.5 count the operations ``tiled_attention`` dispatches from
-its loop's structure (1 per call, 8 per query block, 15 per tile, 3 more per tile the causal
-diagonal crosses; the checker counts the real ones with ``operation_counts``), then predict its
-time at T = 512 from that count, section 7's fixed cost per operation and SDPA's FLOP rate
-(``compare_loop_time`` checks that model against the learner's own two measurements, then
-times the loop and reports the ratio; it prints two lines, so it is not in ``__all__``).
+own float64 copy of the loop on it), then fix the loop (SDPA and softmax refused, and so are two
+sweeps over the keys: the loop is fixed, not replaced).
 
 References are computed before the learner's code runs; answers computed in float32 are accepted
 (float32 tolerances); numbers must be numbers (text that reads as one is rejected).
@@ -24,20 +19,16 @@ References are computed before the learner's code runs; answers computed in floa
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
 
 import numpy as np
 import torch
 
-from shared.benchmark import SimulatedGPU, best_times_ms, operation_counts
-from shared.flash import tiled_attention
+from shared.benchmark import SimulatedGPU
 
 from ._core import (
-    CORRECT,
-    NOT_ATTEMPTED,
-    NOT_QUITE,
-    CheckResult,
     _arr,
     _call,
     _checker,
@@ -56,7 +47,6 @@ __all__ = [
     "check_rows_right",
     "check_catching_test",
     "check_key_block_fix",
-    "check_loop_operations",
 ]
 
 ATOL, RTOL = 1e-5, 1e-4  # float32's tolerances: a float32 answer to a float64 question passes
@@ -65,16 +55,6 @@ ATOL, RTOL = 1e-5, 1e-4  # float32's tolerances: a float32 answer to a float64 q
 def _close(a, b) -> bool:
     a, b = np.asarray(a), np.asarray(b)
     return a.shape == b.shape and bool(np.allclose(a, b, atol=ATOL, rtol=RTOL))
-
-
-def _named_mistake(got: list, refs: list, patterns, cases: list) -> int:
-    """Raise the hint of the first ``(hint, pattern)`` whose answers on ``cases`` (each a tuple of
-    arguments) are ``got`` and not ``refs``; else return the index of the first wrong case."""
-    for hint, pattern in patterns:
-        expected = [pattern(*case) for case in cases]
-        if expected != refs and got == expected:
-            raise _Wrong(hint)
-    return next(i for i, (g, r) in enumerate(zip(got, refs, strict=True)) if g != r)
 
 
 def _number(ans, what: str) -> float:
@@ -267,10 +247,13 @@ def check_buggy_timing_prediction(buggy_prediction_ms):
         raise _Wrong("you answered in microseconds: write milliseconds per call")
     if near(got * 1e-3, 0.02):
         raise _Wrong("you answered in seconds: write milliseconds per call")
-    if near(2.0, 0.02):
-        raise _Wrong("2 ms is what a correct loop reports; this one reports something else: "
-                     "follow the simulated clock from the first reading to the last, and check "
-                     "what the loop divides by")
+    if near(2.0, 0.02):  # a correct loop's report, and 26 / 13: the slow first call left out
+        raise _Wrong("2 ms is what a correct loop would report, and also what this loop gives if "
+                     "the slow 50 ms first call is left out (every call 2 ms); but the line "
+                     "`start = clock()` comes before `sync()`: the clock starts while the warm-up "
+                     "kernels, the slow first one included, are still queued, and that sync() "
+                     "waits for their work inside the timed interval. Follow the clock from the "
+                     "first reading to the last, and check what the loop divides by")
     if near(20 / 13, 0.02):  # the divisor seen, the first reading not
         raise _Wrong("you counted only the ten timed kernels: at the first clock reading the "
                      "warm-up kernels have not finished yet; where is the clock when they have?")
@@ -328,14 +311,35 @@ def _merge_cases():
     return cases
 
 
+def _merge_order(got: list, ref: tuple) -> None:
+    """A hint when the learner's three results are the right ones in another order than
+    (m, l, acc) (all three, or m and l swapped in front)."""
+    names = ("m", "l", "acc")
+
+    def same(g, r):
+        return g.size == r.size and _close(g.reshape(r.shape), r)
+
+    orders = [p for p in itertools.permutations(range(3))
+              if all(same(g, ref[j]) for g, j in zip(got, p, strict=True))]
+    if not orders and same(got[0], ref[1]) and same(got[1], ref[0]):
+        orders = [(1, 0, 2)]
+    if orders and orders[0] != (0, 1, 2):
+        returned = ", ".join(names[j] for j in orders[0])
+        raise _Wrong(f"the order of the state is (m, l, acc), the order it arrives in; you "
+                     f"returned ({returned})")
+
+
 @_checker
 def check_merge_partials(merge_partials):
     """``merge_partials(m1, l1, acc1, m2, l2, acc2)`` -> ``(m, l, acc)``: the online-softmax state
     of all the keys, from the states of two disjoint parts of them. ``m``, ``l`` ``(n, 1)``,
     ``acc`` ``(n, d_v)``; ``acc / l`` (where ``l > 0``) is then ``softmax(S) @ V`` over every key.
     A row with no keys in a part has ``m = -inf``, ``l = 0``, ``acc = 0`` there; a row with no
-    keys at all must come out as ``l = 0``, ``acc = 0`` (no nan). Torch float64 tensors; the
+    keys in either part leaves as it arrived, ``m = -inf``, ``l = 0``, ``acc = 0`` (no nan, and
+    no finite m: merged again, it would stand in for a later part's real maximum). The state is
+    returned in the order ``(m, l, acc)``, with exactly these shapes. Torch float64 tensors; the
     inputs must be left unchanged."""
+    names = ("m", "l", "acc")
     for i, (st1, st2, S, V) in enumerate(_merge_cases()):
         n, d_v = S.shape[0], V.shape[1]
         args = [_t(x.copy()) for x in (*st1, *st2)]
@@ -343,21 +347,24 @@ def check_merge_partials(merge_partials):
         out = _call(merge_partials, *args, name="merge_partials", copy=False,
                     on_error=f"called with m1, l1, m2, l2 of shape {(n, 1)} and acc1, acc2 of "
                              f"shape {(n, d_v)}, float64")
-        names = ("m1", "l1", "acc1", "m2", "l2", "acc2")
-        for nm, a, b in zip(names, args, before, strict=True):
+        for nm, a, b in zip(("m1", "l1", "acc1", "m2", "l2", "acc2"), args, before, strict=True):
             if not torch.equal(a, b):  # -inf equals -inf; the inputs hold no nan
                 raise _Wrong(f"merge_partials changed its input {nm} in place (e.g. with mul_ or "
                              "*=): build new tensors (alpha * acc1 + ...) and leave the inputs "
                              "as they were, the caller may still need them")
         if not isinstance(out, (tuple, list)) or len(out) != 3:
             raise _Wrong("return the merged state as a tuple (m, l, acc)")
-        m, l, acc = (_arr(x, nm) for x, nm in zip(out, ("m", "l", "acc"), strict=True))
-        for x, nm in ((m, "m"), (l, "l")):
-            if x.size != n:
-                raise _Wrong(f"{nm} has shape {x.shape}; expected (n, 1) = {(n, 1)}")
-        _shape(acc, (n, d_v), "acc", "(n, d_v)")
-        m, l = m.reshape(n, 1), l.reshape(n, 1)
+        got = [_arr(x, nm) for x, nm in zip(out, names, strict=True)]
         ref = _merge_ref(*st1, *st2)
+        _merge_order(got, ref)
+        for x, nm in zip(got[:2], names[:2], strict=True):
+            if x.shape != (n, 1):
+                raise _Wrong(f"{nm} has shape {x.shape}; expected (n, 1) = {(n, 1)}: keep the "
+                             "state's shapes, so that the result can be merged again and acc / l "
+                             "divides each row by its own l (an l of shape (n,) lines up with "
+                             "acc's columns, not its rows)")
+        _shape(got[2], (n, d_v), "acc", "(n, d_v)")
+        m, l, acc = got
         if all(_close(g, r) for g, r in zip((m, l, acc), ref, strict=True)):
             continue
         if np.isnan(np.concatenate([m.ravel(), l.ravel(), acc.ravel()])).any():
@@ -368,6 +375,14 @@ def check_merge_partials(merge_partials):
         m1, l1, acc1 = st1
         m2, l2, acc2 = st2
         if not _close(m, ref[0]):
+            empty = ~np.isfinite(ref[0])  # rows with no keys in either part
+            if empty.any() and np.isfinite(m[empty]).all() and _close(m[~empty], ref[0][~empty]):
+                raise _Wrong(f"a row with no keys in either part leaves as it arrived: m = -inf, "
+                             f"l = 0, acc = 0; your m there is {m[empty][0]:g}. Merged again, a "
+                             "finite m would stand in for a later part's real maximum: the "
+                             "merged m is then wrong, and a part whose maximum lies far below "
+                             "it gets exp(m2 - m) = 0 and loses all its keys. Return m = -inf "
+                             "there; a finite number belongs only inside the exponents")
             if _close(m, np.full_like(m, np.max(ref[0]))):
                 raise _Wrong("m is per query row: torch.maximum(m1, m2), not one maximum for the "
                              "whole block")
@@ -466,16 +481,18 @@ def check_training_peak(training_peak_prediction):
         raise _Wrong("that counts nan_to_num's guard, whose backward builds temporaries of its "
                      "own (the extension asks which); this question asks for the textbook chain "
                      "without it")
-    if q == 16:
-        raise _Wrong("one too many: P is saved by both the softmax and P @ V, but it is one "
-                     "storage; and the softmax's backward needs only its output, so the scores "
-                     "are not kept")
+    if q in (16, 20):  # whole matrices above the bound: something on the list is not alive
+        raise _Wrong("your list holds a T x T tensor that is not alive at that moment: a saved "
+                     "tensor counted again (P is saved by both the softmax and P @ V, one "
+                     "storage), the scores (the softmax's backward needs only its output), or a "
+                     "gradient that is freed once the step that received it has made the next")
     if q == 24:
         raise _Wrong("you added up every T x T tensor the call makes, forward and backward; the "
                      "peak counts only those alive at the same moment")
     if q < 12:
-        raise _Wrong("too few: a backward step cannot free the gradient it receives before the "
-                     "one it makes exists, and a tensor saved for that step stays alive meanwhile")
+        raise _Wrong("your list misses a T x T tensor alive at the worst step: a backward step "
+                     "cannot free the gradient it receives before the one it makes exists, and a "
+                     "tensor saved for that step stays alive meanwhile")
     if q > 24:
         raise _Wrong("every large tensor is T x T, so the count in score matrices does not grow "
                      "with T: at one moment only a few are alive together")
@@ -504,9 +521,10 @@ def _buggy_key_blocks(S: torch.Tensor, V: torch.Tensor, block_size: int) -> torc
 
 def _rows_cases():
     """Hidden cases (S, V, block_size), float64. Each row's maximum is placed on purpose: in the
-    first block, in a later block (above the first block's max by 0.5 to 1.5, so the loop's row is
-    off by far more than 1e-3, or by a hair, 1e-6, which a rule with a tolerance misses), or tied
-    exactly between the first block and a later one.
+    first block (in some rows with every later score below every first-block score), in a later
+    block (above the first block's max by 0.5 to 1.5, so the loop's row is off by far more than
+    1e-3, or by a hair, 1e-6, which a rule with a tolerance misses), or tied exactly between the
+    first block and a later one.
     Leading dims (2, 3) with T_k = 19 not a multiple of 5; a square case (the query axis and the
     key axis have the same length); block_size >= T_k; T_k = 12 in blocks of 4."""
     rng = _rng(505)
@@ -523,6 +541,8 @@ def _rows_cases():
             later = int(rng.integers(b, T_k)) if b < T_k else None
             if kind in (0, 3):  # the maximum in the first block
                 row[first] = top
+                if kind == 3:  # and every later score below every first-block score
+                    row[b:] -= row[b:].max() - row[:b].min() + 0.5
             elif kind == 1:  # in a later block
                 row[later] = top
             elif kind == 2:  # an exact tie between the first block and a later one
@@ -560,6 +580,7 @@ def _rows_candidates(S: torch.Tensor, b: int) -> dict:
         "inverted": (first < top).numpy(),
         "true": ones.numpy(),
         "false": (~ones).numpy(),
+        "one_block": (ones if T_k <= b else ~ones).numpy(),  # right only when one block holds all
         "strict": (first > later).numpy(),
         "tolerance": (first >= top - 1e-3).numpy(),  # a later maximum only 1e-6 higher marked right
         "all_first": (S[..., :b].amin(-1) >= later).numpy(),
@@ -579,6 +600,10 @@ _ROWS_HINTS = {
             "maximum arrives in a later block?",
     "false": "some rows are right: where the row's maximum is in the first block, m never grows "
              "after it, the missing factor exp(m - m_new) is 1, and skipping it costs nothing",
+    "one_block": "with several blocks your rule marks every row wrong, but many rows are still "
+                 "right: the factor the loop skips, exp(m - m_new), is 1 unless m grows. Which "
+                 "rows does the bug actually spoil: in which of them does a later block change "
+                 "m?",
     "strict": "ties count as right: when a later block's maximum only equals m, torch.maximum "
               "leaves m unchanged, the factor is exp(0) = 1, and nothing needed rescaling",
     "tolerance": "a later maximum only a hair above the first block's (1e-6 here) still raises m, "
@@ -772,26 +797,36 @@ _FORBIDDEN = {"scaled_dot_product_attention": "F.scaled_dot_product_attention",
 
 
 class _Recorder(torch.overrides.TorchFunctionMode):
-    """Records which of the _FORBIDDEN functions learner code calls; every call goes through."""
+    """Records which of the _FORBIDDEN functions learner code calls, the widths that exp and
+    maxima over the last dimension were taken over, and which blocks' maxima were taken before
+    the first exp; every call goes through."""
 
     def __init__(self):
         super().__init__()
         self.seen: list[str] = []
         self.exp_widths: set[int] = set()  # last-dimension sizes exp was taken over
         self.max_widths: set[int] = set()  # last-dimension sizes a maximum reduced (amax / max)
+        self.exp_seen = False  # whether any exp has run yet
+        self.maxed_before_exp: set[tuple] = set()  # the blocks maximised before it (fingerprints)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", "")
         if name in _FORBIDDEN and _FORBIDDEN[name] not in self.seen:
             self.seen.append(_FORBIDDEN[name])
-        if name in ("exp", "exp_") and args and isinstance(args[0], torch.Tensor) and args[0].dim():
-            self.exp_widths.add(args[0].shape[-1])
+        if name in ("exp", "exp_"):
+            self.exp_seen = True
+            if args and isinstance(args[0], torch.Tensor) and args[0].dim():
+                self.exp_widths.add(args[0].shape[-1])
         if name in ("amax", "max") and args and isinstance(args[0], torch.Tensor) and args[0].dim():
             t, dim = args[0], (kwargs or {}).get("dim", args[1] if len(args) > 1 else None)
             dims = dim if isinstance(dim, (tuple, list)) else (dim,)
             if not isinstance(dim, torch.Tensor) and any(
                     k is None or k % t.dim() == t.dim() - 1 for k in dims):  # over the keys
                 self.max_widths.add(t.shape[-1])
+                if not self.exp_seen:  # the mode is off in here: these calls are not recorded
+                    x = torch.nan_to_num(t.detach().double(), posinf=0.0, neginf=0.0)
+                    self.maxed_before_exp.add((tuple(t.shape), x.sum().item(),
+                                               x.square().sum().item()))
         return func(*args, **(kwargs or {}))
 
 
@@ -835,6 +870,8 @@ def _wrong_key_blocks(Q, K, V, b, how: str) -> np.ndarray:
     for k0 in range(0, S.shape[-1], b):
         s, v = S[..., k0:k0 + b], V[..., k0:k0 + b, :]
         m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+        if how == "block_max":  # each block's own maximum as the reference, no running maximum
+            m_new = s.amax(dim=-1, keepdim=True)
         alpha = torch.exp(m - m_new)
         p = torch.exp(s if how == "no_max" else s - m_new)
         if how == "l_not_rescaled":
@@ -849,6 +886,8 @@ def _wrong_key_blocks(Q, K, V, b, how: str) -> np.ndarray:
             acc = (alpha * acc + p @ v) / l
         elif how == "no_max":
             l, acc = l + p.sum(-1, keepdim=True), acc + p @ v
+        elif how == "block_max":
+            l, acc = alpha * l + p.sum(-1, keepdim=True), alpha * acc + p @ v
         elif how == "after":
             l, acc = alpha * l + p.sum(-1, keepdim=True), (acc + p @ v) * alpha
         m = m_new
@@ -867,6 +906,13 @@ _FIX_HINTS = {
     "inverted_guarded": None,  # the same hint as "inverted"
     "normalised": "normalise once, after the last block: acc and l are running sums, and dividing "
                   "acc by l inside the loop mixes normalised and unnormalised terms",
+    "block_max": "inf or nan in float32: your reference is each block's own maximum, not the "
+                 "running one. exp(s - m_block) is fine, but when a block's maximum lies below "
+                 "an earlier one the factor exp(m - m_block) exceeds 1 and re-expresses the old "
+                 "sums against the lower reference: they grow by the gap, and once the largest "
+                 "score so far stands more than 88 above the current block's maximum, l and acc "
+                 "overflow float32 (inf / inf = nan). Keep the running maximum, the larger of m "
+                 "and the block's: then the factor is at most 1",
     "no_max": "exp overflowed: in float32 exp(s) is inf once s > 88, and these scores reach a "
               "few hundred (inf / inf = nan). Subtract the running maximum before exp, as the "
               "colleague's loop did",
@@ -882,7 +928,11 @@ def check_key_block_fix(fn):
     (..., T_q, d_v) in the inputs' dtype, keys visited block_size at a time with the accumulator
     rescaled by exp(m - m_new), like l. Hidden cases against a float64 reference; inputs must be
     left unchanged; SDPA, softmax and nn.MultiheadAttention are refused (fix the loop, do not
-    replace it)."""
+    replace it), and so are two sweeps over the keys: a maximum over all keys at once, an exp over
+    all keys at once, or (with T_k > 2 block_size) the maxima of two or more different key blocks
+    taken before the first exp (every block's maximum first, then the sums). Each block's own
+    maximum as the reference (no running maximum) is right in float64 and overflows in the float32
+    case; its hint names the growing rescale factor, not exp(s)."""
     got, refs, cases = [], [], _fix_cases()
     for Q, K, V, b, what in cases:
         ref = _attention_ref(Q, K, V)
@@ -906,6 +956,12 @@ def check_key_block_fix(fn):
                          f"block_size={b} (Q {tuple(Q.shape)}, K {tuple(K.shape)}): that needs the "
                          "row's maximum over all keys first. Keep the colleague's block loop, one "
                          "block of keys at a time, and add the missing rescale")
+        if T_k > 2 * b and rec.exp_seen and len(rec.maxed_before_exp) >= 2:
+            raise _Wrong(f"your loop sweeps the {T_k} keys twice, with block_size={b}: every "
+                         "block's maximum first, then the sums. The fix keeps the colleague's "
+                         "one sweep, each block's maximum and sums together, and rescales the "
+                         "running sums by exp(m - m_new) (old maximum minus new) when the "
+                         "maximum grows")
         for name, a, orig in zip("QKV", args, (Q, K, V), strict=True):
             if not torch.equal(a, orig):
                 raise _Wrong(f"your function changed its input {name} in place (e.g. with /= or "
@@ -941,239 +997,13 @@ def check_key_block_fix(fn):
     Q, K, V, b, what = cases[i]
     if not np.isfinite(got[i]).all():
         if cases[i][0].dtype == torch.float32:
-            raise _Wrong(f"inf or nan for {what}: {_FIX_HINTS['no_max']}")
+            raise _Wrong(f"inf or nan for {what}: a number overflowed float32 (exp(x) is inf once "
+                         "x > 88, and so is any sum or product past about 3.4e38). Subtract the "
+                         "running maximum m_new inside every exp, exp(s - m_new) and "
+                         "exp(m - m_new), so that no term and no factor exceeds 1")
         raise _Wrong(f"inf or nan for Q {tuple(Q.shape)}, K {tuple(K.shape)}, block_size={b}: "
                      f"{_FIX_HINTS['inverted']}")
     err = float(np.abs(got[i] - refs[i]).max())
     raise _Wrong(f"for Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)}, block_size="
                  f"{b} ({what}) the output is off by up to {err:.3g}: when m grows, what "
                  "must happen to l and to acc?")
-
-
-# --------------------------------------------------------------------------------------------
-# 5.5 Count the tile loop's operations, then predict its time
-# --------------------------------------------------------------------------------------------
-_LOOP_CASES = (  # (T, block_size): multiples of the block and not, T < b, and T % b == 1 (10, 3)
-    (256, 32), (512, 32), (50, 32), (100, 16), (300, 64), (7, 32), (1000, 128), (10, 3),
-)
-
-
-def _loop_operations_ref(T: int, b: int, causal: bool) -> int:
-    """The operations ``tiled_attention`` really dispatches on a float32 CPU ``(1, 1, T, 1)``
-    input, counted with ``operation_counts`` (the count does not depend on B, H or head_dim)."""
-    x = torch.zeros(1, 1, T, 1)
-    return operation_counts(lambda: tiled_attention(x, x, x, causal=causal, block_size=b)).total()
-
-
-def _masked_tiles(T: int, b: int) -> int:
-    """Causal tiles that need a mask: the diagonal tile of every query block of two or more
-    queries (a last block of one query meets a 1 x 1 tile, its own key only)."""
-    return sum(min(b, T - q0) > 1 for q0 in range(0, T, b))
-
-
-def _loop_operations_model(T: int, b: int, causal: bool, tiles_of=None, masked_of=None,
-                           blocks=math.ceil, per_call=1, per_block=8) -> int:
-    """1 per call + 8 per query block + 15 per tile + 3 per tile that needs a mask (causal):
-    on the hidden cases, what the loop's structure gives; the keywords build typical mistakes."""
-    n = blocks(T / b)
-    tiles = (tiles_of or (lambda n, c: n * (n + 1) // 2 if c else n * n))(n, causal)
-    masked = masked_of(n, causal) if masked_of else (_masked_tiles(T, b) if causal else 0)
-    return per_call + per_block * n + 15 * tiles + 3 * masked
-
-
-_LOOP_PATTERNS = (  # (hint, the count that mistake gives for (T, b, causal))
-    ("a causal call skips the key blocks after each query block's last query: query block i "
-     "visits key blocks 0 .. i only, n (n + 1) / 2 tiles, not all n * n",
-     lambda T, b, c: _loop_operations_model(T, b, c, tiles_of=lambda n, c: n * n)),
-    ("a causal call masks the tile the diagonal crosses in each query block, and that costs 3 "
-     "more operations (ones and triu_ build the mask, masked_fill_ applies it)",
-     lambda T, b, c: _loop_operations_model(T, b, c, masked_of=lambda n, c: 0)),
-    ("count the last, partial query block too: range(0, T, block_size) makes ceil(T / block_size) "
-     "blocks (1 when T < block_size), not T // block_size",
-     lambda T, b, c: _loop_operations_model(T, b, c, blocks=math.floor,
-                                            masked_of=lambda n, c: n if c else 0)),
-    ("each query block also runs operations of its own, outside its key loop (scaling its "
-     "queries, creating m, l and acc, normalising at the end): count them once per query block",
-     lambda T, b, c: _loop_operations_model(T, b, c, per_block=0)),
-    ("one operation runs once per call, before any query block (promote_types, choosing the "
-     "accumulator's dtype): add it",
-     lambda T, b, c: _loop_operations_model(T, b, c, per_call=0)),
-    ("only the tiles the diagonal crosses are masked, the last one each query block visits; the "
-     "tiles below the diagonal need no mask and cost no extra operations",
-     lambda T, b, c: _loop_operations_model(T, b, c, masked_of=lambda n, c: n * (n + 1) // 2
-                                            if c else 0)),
-    ("a query block of one query (T % block_size == 1) meets a 1 x 1 diagonal tile, its own key "
-     "only: nothing to mask there (section 7's tile map, T = 10 in blocks of 3: 3 masked tiles, "
-     "not 4)",
-     lambda T, b, c: _loop_operations_model(T, b, c, masked_of=lambda n, c: n if c else 0)),
-    ("causal and full swapped: causal=True visits fewer tiles (those above the diagonal are "
-     "skipped) and masks the n on the diagonal; causal=False visits all n * n, none masked",
-     lambda T, b, c: _loop_operations_model(T, b, not c)),
-)
-
-
-@_checker
-def check_loop_operations(loop_operations):
-    """``loop_operations(T, block_size, causal)`` -> how many operations ``tiled_attention``
-    dispatches on a float32 CPU input of shape ``(1, 1, T, 1)``. With ``n = ceil(T / block_size)``
-    query blocks: 1 per call, 8 per query block, 15 per tile (``n * n`` tiles, or ``n (n + 1) / 2``
-    causal) and 3 more per tile that needs a mask (causal: the ``n`` diagonal tiles, less one
-    when a last query block of one query meets a 1 x 1 tile, T % block_size == 1). The references
-    are the real counts, from ``operation_counts``, on hidden cases with T a multiple of
-    block_size and not, T < block_size, and T % block_size == 1."""
-    cases = [(T, b, c) for T, b in _LOOP_CASES for c in (False, True)]
-    refs = [_loop_operations_ref(*case) for case in cases]  # before the learner's code runs
-    got = []
-    for T, b, c in cases:
-        ans = _call(loop_operations, T, b, c, name="loop_operations",
-                    on_error=f"called with T={T}, block_size={b}, causal={c}")
-        count = _number(ans, "the number of operations")
-        if count != round(count):
-            raise _Wrong(f"a number of operations is a whole number; for T={T}, block_size={b}, "
-                         f"causal={c} you returned {count:g}")
-        got.append(round(count))
-    if got == refs:
-        return ("1 operation per call, 8 per query block, 15 per tile and 3 more per tile that "
-                "needs a mask; a causal call skips the n (n - 1) / 2 tiles above the "
-                "diagonal. So the count grows like (T / b)^2, and each operation pays a fixed cost "
-                "however little it computes.")
-    i = _named_mistake(got, refs, _LOOP_PATTERNS, cases)
-    T, b, c = cases[i]
-    full = {(T_, b_): n for (T_, b_, c_), n in zip(cases, refs, strict=True) if not c_}
-    if all(n == (full[T_, b_] if c_ else ref)
-           for (T_, b_, c_), n, ref in zip(cases, got, refs, strict=True)):
-        raise _Wrong(f"your full counts are right, but your causal counts equal them (T={T}, "
-                     f"block_size={b}: {got[i]}, expected {refs[i]}): which tiles does a causal "
-                     f"call skip, and which does it mask (section 7's tile map)?")
-    raise _Wrong(f"for T={T}, block_size={b}, causal={c}: expected {refs[i]} operations; got "
-                 f"{got[i]}")
-
-
-# (b) the loop's time from its operations and its FLOPs --------------------------------------------
-LOOP_SHAPE, LOOP_BLOCK = (1, 8, 512, 64), 32  # (B, H, T, head_dim), float32, block_size
-
-
-def _loop_time_ms(device) -> float:
-    """``tiled_attention(Q, K, V, block_size=32)`` at ``LOOP_SHAPE``, float32 on ``device``:
-    milliseconds per call, the fastest block of two rounds (``best_times_ms``)."""
-    gen = torch.Generator().manual_seed(56)
-    Q, K, V = (torch.randn(*LOOP_SHAPE, generator=gen).to(device) for _ in range(3))
-
-    def loop():
-        return tiled_attention(Q, K, V, block_size=LOOP_BLOCK)
-
-    return best_times_ms({"tiled loop": loop}, device, rounds=2)["tiled loop"]
-
-
-def _loop_model_terms(us_per_op: float, gflop_per_s: float, n_ops=None, flops=None):
-    """(ms of the operations' fixed costs, ms of the products' FLOPs) at ``LOOP_SHAPE``."""
-    B, H, T, d = LOOP_SHAPE
-    n_ops = _loop_operations_ref(T, LOOP_BLOCK, False) if n_ops is None else n_ops
-    flops = 4 * B * H * T * T * d if flops is None else flops
-    return n_ops * us_per_op / 1e3, flops / gflop_per_s / 1e6
-
-
-def _loop_model_hint(pred: float, us_per_op: float, gflop_per_s: float) -> str | None:
-    """The likely mistake behind a model that differs from the two terms, or None."""
-    B, H, T, d = LOOP_SHAPE
-    ops_ms, flops_ms = _loop_model_terms(us_per_op, gflop_per_s)
-    n_ops = _loop_operations_ref(T, LOOP_BLOCK, False)
-    ops_from = lambda count: _loop_model_terms(us_per_op, gflop_per_s, n_ops=count)[0]  # noqa: E731
-    gflop_unit = ("sdpa_gflop_per_s counts 1e9 FLOPs a second: FLOPs / (GFLOP/s x 1e9) is seconds, "
-                  "x 1e3 ms")
-    candidates = (  # (the term the slip spoils, hint, the model that slip gives)
-        ("flops", "you left out the products' FLOPs: add 4 B H T^2 d FLOPs at sdpa_gflop_per_s",
-         ops_ms),
-        ("ops", "you left out the operations' fixed cost: add loop_operations(512, 32, False) x "
-         "us_per_op", flops_ms),
-        ("ops", "us_per_op is in microseconds: divide by 1000 for milliseconds",
-         1e3 * ops_ms + flops_ms),
-        ("both", "predicted_ms is in milliseconds: your model is 1000 times the two terms (a "
-         "microsecond answer?)", 1e3 * (ops_ms + flops_ms)),
-        ("both", "predicted_ms is in milliseconds: your model is 1/1000 of the two terms (an "
-         "answer in seconds?)", 1e-3 * (ops_ms + flops_ms)),
-        ("flops", gflop_unit, ops_ms + 1e3 * flops_ms),
-        ("flops", gflop_unit, ops_ms + 1e-3 * flops_ms),
-        ("flops", "the two products make 4 B H T^2 d FLOPs (2 T^2 d each, per head), not "
-         "2 B H T^2 d", ops_ms + flops_ms / 2),
-        ("flops", "count the FLOPs of all B * H = 8 heads: 4 B H T^2 d",
-         ops_ms + flops_ms / (B * H)),
-        ("ops", "the loop runs blocks of 32 at T = 512: use loop_operations(512, 32, False), "
-         f"{n_ops:,} operations", ops_from(_loop_operations_ref(256, 32, False)) + flops_ms),
-        ("ops", "the loop here is not causal: use loop_operations(512, 32, False)",
-         ops_from(_loop_operations_ref(512, 32, True)) + flops_ms),
-    )
-    model = ops_ms + flops_ms
-    near = sorted((abs(pred - value) / value, term, hint) for term, hint, value in candidates
-                  if math.isclose(pred, value, rel_tol=0.02)
-                  and not math.isclose(value, model, rel_tol=0.02))
-    if not near:
-        return None
-    if len({term for _, term, _ in near}) > 1:  # slips in different terms give one number here
-        return (f"your {pred:.3g} ms matches slips in either term on this machine: the fixed costs "
-                f"alone give {ops_ms:.3g} ms and the FLOPs alone {flops_ms:.3g} ms; the model adds "
-                "both terms")
-    return near[0][2]
-
-
-def _loop_reading(ratio: float) -> str:
-    """One line reading measured / model for a model with both terms."""
-    if ratio > 1.1:
-        return ("the loop takes longer than the model: each tile's element-wise passes (max, exp, "
-                "sums, rescaling) touch b numbers per row at full size but one on the (1, 1, T, 1) "
-                "input that measured us_per_op; a fused kernel keeps them on chip.")
-    if ratio >= 0.9:
-        return ("the model holds: the operations' fixed costs and the products' FLOPs explain the "
-                "loop's time.")
-    return ("the loop beats the model: its 32 x 32 products ran faster than SDPA's rate, or "
-            "us_per_op was measured while the machine was busy.")
-
-
-def compare_loop_time(predicted_ms, us_per_op, sdpa_gflop_per_s, device="cpu") -> CheckResult:
-    """Exercise 5.5 (b): ``predicted_ms``, the learner's model of ``tiled_attention(Q, K, V,
-    block_size=32)`` at B=1, H=8, T=512, head_dim=64, float32 on ``device``, must equal (its
-    operations) x ``us_per_op`` (µs, section 7) + (the products' 4 B H T^2 d FLOPs) /
-    ``sdpa_gflop_per_s`` (section 8), within 2 %, computed from the learner's own two
-    measurements; hints name a left-out term, a unit slip, 2 T^2 d FLOPs, one head, the wrong
-    count. A model that holds is then set against the loop's measured time (seeded inputs,
-    ``best_times_ms``, two rounds), and one line reads the ratio. Not a one-line checker (it
-    prints the measurement), so not in ``__all__``. ``passed``: None while ``predicted_ms`` is
-    None, else whether the model has both terms right."""
-    if predicted_ms is None or predicted_ms is ...:
-        message = f"{NOT_ATTEMPTED}: write your model's time in predicted_ms (milliseconds)"
-        print(message)
-        return CheckResult(None, message)
-    try:
-        pred = _number(predicted_ms, "your model's time in ms")
-        us = _number(us_per_op, "us_per_op (section 7's µs per operation)")
-        rate = _number(sdpa_gflop_per_s, "sdpa_gflop_per_s (section 8's GFLOP/s)")
-        for value, what in ((pred, "a time"), (us, "us_per_op"), (rate, "sdpa_gflop_per_s")):
-            if not value > 0:
-                raise _Wrong(f"{what} is positive; got {value:g}")
-        device = torch.device(device)
-        ops_ms, flops_ms = _loop_model_terms(us, rate)
-        if not math.isclose(pred, ops_ms + flops_ms, rel_tol=0.02):
-            hint = _loop_model_hint(pred, us, rate)
-            raise _Wrong(hint or (f"from your measurements the two terms give {ops_ms:.3g} + "
-                                  f"{flops_ms:.3g} = {ops_ms + flops_ms:.3g} ms; got {pred:.3g}: "
-                                  "operations x us_per_op, plus FLOPs at sdpa_gflop_per_s"))
-    except _Wrong as e:
-        message = f"{NOT_QUITE} {e.args[0]}"
-        print(message)
-        return CheckResult(False, message)
-    except Exception as e:  # noqa: BLE001 - an unknown device: a message, never a crash
-        message = f"{NOT_QUITE} could not use device {device!r} ({type(e).__name__}: {e})"
-        print(message)
-        return CheckResult(False, message)
-    try:
-        measured = _loop_time_ms(device)
-    except Exception as e:  # noqa: BLE001 - a device that cannot run it: a message, never a crash
-        message = f"{NOT_QUITE} could not time the loop on {device} ({type(e).__name__}: {e})"
-        print(message)
-        return CheckResult(False, message)
-    ratio = measured / pred
-    message = (f"{CORRECT} your model: {ops_ms:.3g} ms of fixed costs + {flops_ms:.3g} ms of FLOPs "
-               f"= {pred:.3g} ms; measured on {device.type}: {measured:.3g} ms (x{ratio:.2f} the "
-               f"model).\n{_loop_reading(ratio)}")
-    print(message)
-    return CheckResult(True, message)

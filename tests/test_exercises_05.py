@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import time
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -139,6 +140,7 @@ def merge_one_max(m1, l1, acc1, m2, l2, acc2):
 # test_no_guard_chain_peak_is_the_graph_bound measures PEAK_GRAPH; the guarded chain, PEAK_GUARDED
 PEAK_GRAPH, PEAK_GUARDED, PEAK_P_TWICE, PEAK_ALL_MADE = 3, 4.25, 4, 6
 PEAK_NO_SAVED, PEAK_OFF_QUARTER, PEAK_WITH_D_OVER_T, PEAK_HALF = 2, 3.1, 3.125, 3.5
+PEAK_NOT_WHOLE = (2.5, 2.75, 3.02, PEAK_OFF_QUARTER, PEAK_WITH_D_OVER_T, 3.25, PEAK_HALF, PEAK_GUARDED, 4.5)
 
 
 # 5.4 (a): which rows the colleague's loop gets right -------------------------------------------
@@ -205,6 +207,19 @@ def rows_one_block(S, block_size):  # right only when one block holds every key
     return torch.full(S.shape[:-1], S.shape[-1] <= block_size)
 
 
+def rows_later_max_strict(S, block_size):  # natural, but amax of an empty slice raises when one block holds all
+    return S[..., :block_size].amax(-1) > S[..., block_size:].amax(-1)
+
+
+def rows_later_max(S, block_size):
+    return S[..., :block_size].amax(-1) >= S[..., block_size:].amax(-1)
+
+
+def rows_numpy_later_max(S, block_size):  # the same in NumPy: ValueError on an empty slice
+    s = S.numpy()
+    return torch.from_numpy(s[..., :block_size].max(-1) >= s[..., block_size:].max(-1))
+
+
 def rows_keepdim(S, block_size):
     return S[..., :block_size].amax(dim=-1, keepdim=True) >= S.amax(dim=-1, keepdim=True)
 
@@ -251,7 +266,7 @@ def fix_einsum_where(Q, K, V, block_size):  # ordinary ops of every kind, under 
             acc += blk  # in place on its own tensor: fine
         m = m_new
     out = acc.div(l)
-    assert np.isfinite(out.double().numpy()).all() and float(out.abs().max().item()) >= 0
+    assert bool(torch.isfinite(out).all()) and float(out.abs().max().item()) >= 0
     return out.contiguous().clone()
 
 
@@ -435,6 +450,65 @@ def _two_sweeps(Q, K, V, block_size, block_max):  # every block's max first, the
     return acc / l
 
 
+def fix_two_sweeps_sort(Q, K, V, block_size):  # every block's max by sort, then the sums
+    return _two_sweeps(Q, K, V, block_size, lambda s: s.sort(dim=-1).values[..., -1:])
+
+
+def fix_two_sweeps_topk(Q, K, V, block_size):
+    return _two_sweeps(Q, K, V, block_size, lambda s: torch.topk(s, 1).values)
+
+
+def fix_two_sweeps_kthvalue(Q, K, V, block_size):
+    return _two_sweeps(Q, K, V, block_size, lambda s: s.kthvalue(s.shape[-1], keepdim=True).values)
+
+
+def fix_two_sweeps_msort(Q, K, V, block_size):  # msort sorts along dim 0: the transposed block's keys
+    return _two_sweeps(Q, K, V, block_size, lambda s: torch.msort(s.movedim(-1, 0))[-1].unsqueeze(-1))
+
+
+def fix_two_sweeps_cummax(Q, K, V, block_size):
+    return _two_sweeps(Q, K, V, block_size, lambda s: s.cummax(dim=-1).values[..., -1:])
+
+
+def fix_row_max_by_sort(Q, K, V, block_size):  # the whole row's maximum by sort: a first pass
+    return _max_first(Q, K, V, block_size, lambda S: S.sort(dim=-1).values[..., -1:])
+
+
+def fix_numpy_max_first(Q, K, V, block_size):  # the row's maximum computed in NumPy, out of the checker's sight
+    return _max_first(Q, K, V, block_size, lambda S: torch.from_numpy(S.numpy().max(-1, keepdims=True)))
+
+
+def fix_asarray_max_first(Q, K, V, block_size):
+    return _max_first(Q, K, V, block_size, lambda S: torch.from_numpy(np.asarray(S).max(-1, keepdims=True)))
+
+
+def fix_tolist_max_first(Q, K, V, block_size):
+    return _max_first(Q, K, V, block_size, lambda S: torch.tensor(S.tolist(), dtype=S.dtype).amax(-1, keepdim=True))
+
+
+def fix_normalise_as_you_go(Q, K, V, block_size):  # keeps the output normalised: right, no division after the loop
+    S = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+    m = torch.full((*S.shape[:-1], 1), -math.inf, dtype=S.dtype)
+    l = torch.zeros_like(m)
+    out = torch.zeros(*S.shape[:-1], V.shape[-1], dtype=S.dtype)
+    for k0 in range(0, S.shape[-1], block_size):
+        s = S[..., k0:k0 + block_size]
+        m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+        alpha, p = torch.exp(m - m_new), torch.exp(s - m_new)
+        l_new = alpha * l + p.sum(dim=-1, keepdim=True)
+        out = (alpha * l * out + p @ V[..., k0:k0 + block_size, :]) / l_new
+        m, l = m_new, l_new
+    return out
+
+
+def fix_topk_one_sweep(Q, K, V, block_size):  # each block's max by topk inside the one sweep: fine
+    def step(m, m_new, l, acc, s, v):
+        m_new = torch.maximum(m, s.topk(1, dim=-1).values)
+        alpha, p = torch.exp(m - m_new), torch.exp(s - m_new)
+        return alpha * l + p.sum(dim=-1, keepdim=True), alpha * acc + p @ v
+    return _key_blocks(Q, K, V, block_size, step)
+
+
 def fix_two_sweeps(Q, K, V, block_size):
     return _two_sweeps(Q, K, V, block_size, lambda s: s.amax(dim=-1, keepdim=True))
 
@@ -503,6 +577,162 @@ CATCH_ZERO_BLOCK = (ONE_Q, TWO_K, CATCH_OK[2], 0)
 CATCH_THREE_ITEMS = (ONE_Q, TWO_K, CATCH_OK[2])
 CATCH_TEXT_Q = ("Q", TWO_K, CATCH_OK[2], 1)
 CATCH_BOOL_V = (ONE_Q, TWO_K, torch.tensor([[True], [False]]), 1)
+CATCH_ONE_KEY = (ONE_Q, _t64([[2.0]]), _t64([[1.0]]), 1)  # one key: one block whatever block_size is
+
+
+# 5.5: the smallest head_dim at which S = Q @ K^T is compute-bound -----------------------------
+# Q @ K^T reads Q and K (T x d each), writes S (T x T), e bytes per element, and does 2 T^2 d FLOPs:
+# I(d) = 2 T^2 d / ((2 T d + T^2) e) grows with d towards T / e, so no d works when T <= balance * e.
+H200, A100, T4 = 989e12 / 4.8e12, 312e12 / 2039e9, 65e12 / 320e9  # float16 balance points
+
+
+def head_dim_ok(T, bytes_per_element, balance):  # the closed form: d (2T - 2 b e) >= b e T
+    be = balance * bytes_per_element
+    if T <= be:
+        return None
+    return math.ceil(be * T / (2 * (T - be)))
+
+
+def head_dim_brute(T, bytes_per_element, balance):  # the FLOP and byte counts, d = 1, 2, ...
+    if T <= balance * bytes_per_element:
+        return None
+    for d in range(1, 10**6):
+        flops, nbytes = 2 * T * T * d, (T * d + T * d + T * T) * bytes_per_element
+        if flops >= balance * nbytes:
+            return d
+    raise AssertionError("unreachable: the intensity tends to T / e > balance")
+
+
+def head_dim_numpy_int(T, bytes_per_element, balance):
+    d = head_dim_ok(T, bytes_per_element, balance)
+    return None if d is None else np.int64(d)
+
+
+def head_dim_no_write(T, bytes_per_element, balance):  # bytes of Q and K only: I = T / e for every d
+    return 1 if T / bytes_per_element >= balance else None
+
+
+def head_dim_no_reads(T, bytes_per_element, balance):  # bytes of S only: I = 2 d / e
+    d = 1
+    while 2 * T * T * d < balance * T * T * bytes_per_element:
+        d += 1
+    return d
+
+
+def head_dim_one_flop(T, bytes_per_element, balance):  # T^2 d FLOPs: one per multiply-add
+    if T <= 2 * balance * bytes_per_element:
+        return None
+    d = 1
+    while T * T * d < balance * (2 * T * d + T * T) * bytes_per_element:
+        d += 1
+    return d
+
+
+def head_dim_floor(T, bytes_per_element, balance):
+    be = balance * bytes_per_element
+    return None if T <= be else math.floor(be * T / (2 * (T - be)))
+
+
+def head_dim_round(T, bytes_per_element, balance):
+    be = balance * bytes_per_element
+    return None if T <= be else round(be * T / (2 * (T - be)))
+
+
+def head_dim_two_bytes(T, bytes_per_element, balance):
+    return head_dim_ok(T, 2, balance)
+
+
+def head_dim_four_bytes(T, bytes_per_element, balance):
+    return head_dim_ok(T, 4, balance)
+
+
+def head_dim_strict(T, bytes_per_element, balance):  # intensity > balance: one more at an exact bound
+    if T <= balance * bytes_per_element:
+        return None
+    d = 1
+    while 2 * T * T * d <= balance * (2 * T * d + T * T) * bytes_per_element:
+        d += 1
+    return d
+
+
+def head_dim_int_plus_one(T, bytes_per_element, balance):  # int(x) + 1: the same as `>`
+    be = balance * bytes_per_element
+    return None if T <= be else int(be * T / (2 * (T - be))) + 1
+
+
+def _with_none_as(value):
+    def answer(T, bytes_per_element, balance):
+        return value if T <= balance * bytes_per_element else head_dim_ok(T, bytes_per_element, balance)
+    return answer
+
+
+head_dim_zero, head_dim_negative = _with_none_as(0), _with_none_as(-1)
+head_dim_inf, head_dim_huge = _with_none_as(math.inf), _with_none_as(10**9)
+
+
+def head_dim_no_guard(T, bytes_per_element, balance):  # the bound without its condition: raises at T = b e
+    be = balance * bytes_per_element
+    return math.ceil(be * T / (2 * (T - be)))
+
+
+def head_dim_numpy_no_guard(T, bytes_per_element, balance):  # in NumPy: inf or a negative number instead
+    be = np.float64(balance) * bytes_per_element
+    return int(np.ceil(be * T / (2 * (T - be)))) if T > be else np.ceil(be * T / (2 * (T - be)))
+
+
+def head_dim_raises_float32(T, bytes_per_element, balance):
+    if bytes_per_element == 4:
+        raise ValueError("only float16 is supported")
+    return head_dim_ok(T, bytes_per_element, balance)
+
+
+def head_dim_unrounded(T, bytes_per_element, balance):
+    be = balance * bytes_per_element
+    return None if T <= be else be * T / (2 * (T - be))
+
+
+def head_dim_np_ceil(T, bytes_per_element, balance):  # the right values as floats
+    be = balance * bytes_per_element
+    return None if T <= be else np.ceil(be * T / (2 * (T - be)))
+
+
+def head_dim_bool(T, bytes_per_element, balance):
+    return T > balance * bytes_per_element
+
+
+def head_dim_text(T, bytes_per_element, balance):
+    return str(head_dim_ok(T, bytes_per_element, balance))
+
+
+def head_dim_always_none(T, bytes_per_element, balance):  # computed something, returned nothing
+    d = balance * bytes_per_element / T  # noqa: F841
+
+
+def head_dim_plus_one(T, bytes_per_element, balance):
+    d = head_dim_ok(T, bytes_per_element, balance)
+    return None if d is None else d + 1
+
+
+def head_dim_minus_one(T, bytes_per_element, balance):
+    d = head_dim_ok(T, bytes_per_element, balance)
+    return None if d is None else d - 1
+
+
+HEAD_DIM_MISTAKES = {  # each typical mistake -> the start of its hint
+    head_dim_no_write: "you left out the write of S",
+    head_dim_no_reads: "you left out the reads of Q and K",
+    head_dim_one_flop: "count 2 FLOPs per multiply-add",
+    head_dim_floor: "off by one where the bound is fractional",
+    head_dim_round: "off by one where the bound is fractional",
+    head_dim_two_bytes: "you used 2 bytes per element whatever bytes_per_element is",
+    head_dim_four_bytes: "you used 4 bytes per element whatever bytes_per_element is",
+    head_dim_strict: "compute-bound means an intensity of at least the balance point (>=)",
+    head_dim_int_plus_one: "compute-bound means an intensity of at least the balance point (>=)",
+    head_dim_zero: "you returned 0, but no head_dim works there",
+    head_dim_negative: "you returned -1, but no head_dim works there",
+    head_dim_inf: "you returned inf, but no head_dim works there",
+    head_dim_huge: "you returned 1000000000, but no head_dim works there",
+}
 
 
 NA, OK = "not attempted yet", "correct!"
@@ -511,6 +741,7 @@ CASES = [
     # 5.1 the prediction (13 launches of 5 us, divided by 10)
     # (50 + 2 + 2 + 10 * 2 ms, less the 15 us of warm-up launches, plus one 5 us launch) / 13
     (C.check_buggy_timing_prediction, (74.010 - 0.015) / 13, True, "divides by all 13 calls"),
+    (C.check_buggy_timing_prediction, 74 / 13, True, "synchronise before its first reading and divide by the calls it timed"),
     (C.check_buggy_timing_prediction, 5.69, True, OK),
     (C.check_buggy_timing_prediction, 74 / 13, True, OK),
     (C.check_buggy_timing_prediction, None, None, NA),
@@ -536,6 +767,10 @@ CASES = [
     # plans that work but time more calls than needed
     (C.check_timing_plan, (4, 38), False, "38 is the fewest calls per block, but not the cheapest plan"),
     (C.check_timing_plan, (4, 38), False, "with 152 timed calls"),
+    # (5, 38): 38 calls per block is enough, but both the blocks and the plan are too many
+    (C.check_timing_plan, (5, 38), False, "blocks of 38 calls need fewer than 5"),
+    (C.check_timing_plan, (5, 38), False, "; and 38 is the fewest calls per block, but not the cheapest plan"),
+    (C.check_timing_plan, (5, 40), False, "; and a plan with fewer calls works"),
     (C.check_timing_plan, (5, 40), False, "blocks of 40 calls need fewer than 5"),
     (C.check_timing_plan, (4, 39), False, "blocks of 39 calls need fewer than 4"),
     (C.check_timing_plan, (3, 50), False, "a plan with fewer calls works"),
@@ -545,10 +780,16 @@ CASES = [
     (C.check_timing_plan, (10, 20), False, "a fixed 15 µs, 75% of a 20 µs call"),
     (C.check_timing_plan, (4, 37), False, "reports 2.03% too much"),  # one call short of the bound
     (C.check_timing_plan, (38, 4), False, "too few calls per block"),  # swapped
+    (C.check_timing_plan, (38, 4), False, "the order is plan = (blocks, calls): yours times 38 blocks of 4 calls"),
+    (C.check_timing_plan, (39, 3), False, "the order is plan = (blocks, calls): yours times 39 blocks of 3 calls"),
+    (C.check_timing_plan, (200, 1), False, "over 1 call even a clean block"),
     (C.check_timing_plan, (2, 100), False, "too few blocks"),  # two blocks, both reachable
+    (C.check_timing_plan, (2, 100), False, "touches both of your blocks of 100 calls"),
     (C.check_timing_plan, (3, 38), False, "touches all 3 of your blocks of 38 calls"),  # 40 kernels span 3
     (C.check_timing_plan, (1, 200), False, "touches your one block"),
     (C.check_timing_plan, (5, 50), False, "over budget: 5 blocks of 50 calls time 250 calls"),
+    (C.check_timing_plan, (1, 201), False, "over budget: 1 block of 201 calls times 201 calls"),
+    (C.check_timing_plan, (201, 1), False, "over budget: 201 blocks of 1 call time 201 calls"),
     (C.check_timing_plan, (4, 51), False, "the budget is 200"),
     (C.check_timing_plan, (4.0, 38), False, "write them as ints"),
     (C.check_timing_plan, (True, 38), False, "write them as ints"),
@@ -585,8 +826,9 @@ CASES = [
     (C.check_training_peak, 3, True, OK),
     (C.check_training_peak, 3.0, True, "at the softmax's backward step"),
     (C.check_training_peak, None, None, NA),
-    (C.check_training_peak, PEAK_GUARDED, False, "that counts nan_to_num's guard"),
-    (C.check_training_peak, 4.5, False, "the extension asks which"),  # the guarded chain in the H200 record
+    (C.check_training_peak, PEAK_GUARDED, False, "count whole score matrices"),  # the guarded chain, CPU float32
+    (C.check_training_peak, PEAK_GUARDED, False, "which this chain does not have"),
+    (C.check_training_peak, 4.5, False, "count whole score matrices"),  # the guarded chain in the H200 record
     (C.check_training_peak, PEAK_P_TWICE, False, "a saved tensor counted again"),
     (C.check_training_peak, PEAK_P_TWICE, False, "a gradient that is freed once"),
     (C.check_training_peak, 5, False, "a T x T tensor that is not alive at that moment"),
@@ -595,9 +837,12 @@ CASES = [
     (C.check_training_peak, 1, False, "your list misses a T x T tensor"),
     (C.check_training_peak, PEAK_OFF_QUARTER, False, "count whole score matrices"),
     (C.check_training_peak, PEAK_WITH_D_OVER_T, False, "vanish as T grows"),
-    (C.check_training_peak, PEAK_HALF, False, "find the worst step"),
+    (C.check_training_peak, PEAK_HALF, False, "count whole score matrices"),
+    (C.check_training_peak, 7, False, "more score matrices than are ever alive at one moment"),
+    (C.check_training_peak, 12, False, "Walk the backward steps one by one"),
     (C.check_training_peak, 0, False, "your list misses a T x T tensor"),
     (C.check_training_peak, 1000, False, "does not grow"),
+    (C.check_training_peak, 4096, False, "not elements or bytes"),
     (C.check_training_peak, "3", False, "not a string"),
     (C.check_training_peak, -1, False, "not negative"),
     # 5.4 (a): the rows the buggy loop still gets right
@@ -619,6 +864,9 @@ CASES = [
     (C.check_rows_right, rows_query_axis, False, "expected shape (2, 3, 7), got (2, 3, 19)"),
     (C.check_rows_right, rows_float, False, "return booleans"),
     (C.check_rows_right, rows_list, False, "got list"),
+    (C.check_rows_right, rows_later_max_strict, False, "when block_size >= T_k (S of shape (4, 5, 9), block_size = 16, T_k = 9)"),
+    (C.check_rows_right, rows_later_max, False, "one block holds every key and there are no later keys"),
+    (C.check_rows_right, rows_numpy_later_max, False, "your rule raised ValueError"),
     (C.check_rows_right, rows_keepdim, False, "of shape S.shape[:-1] = (2, 3, 7) (one entry per query row); got shape (2, 3, 7, 1)"),
     # 5.4 (b): the smallest test that catches the bug
     (C.check_catching_test, CATCH_OK, True, "two keys in blocks of one, the second raising the max"),
@@ -626,6 +874,7 @@ CASES = [
     (C.check_catching_test, CATCH_EQUAL_V, True, "the loop is off by 0.762"),
     (C.check_catching_test, None, None, NA),
     (C.check_catching_test, CATCH_ONE_BLOCK, False, "one block: every maximum is in it, as in your colleague's test"),
+    (C.check_catching_test, CATCH_ONE_KEY, False, "your one key is one block whatever block_size is"),
     (C.check_catching_test, CATCH_MAX_FIRST, False, "m never grows after the first block, so the missing rescale multiplies by 1"),
     (C.check_catching_test, CATCH_ZERO_FIRST_V, False, "before the maximum grew has a value row of zero"),
     (C.check_catching_test, CATCH_ZERO_V, False, "before the maximum grew has a value row of zero"),
@@ -651,6 +900,8 @@ CASES = [
     (C.check_key_block_fix, fix_notebook_loop, True, "one rescale of l and acc"),
     (C.check_key_block_fix, fix_in_place, True, OK),
     (C.check_key_block_fix, fix_first_block_max_up_front, True, OK),
+    (C.check_key_block_fix, fix_normalise_as_you_go, True, "FlashAttention-2 also defers the division by l"),
+    (C.check_key_block_fix, fix_topk_one_sweep, True, OK),
     (C.check_key_block_fix, stub, None, NA),
     (C.check_key_block_fix, stub_raises, None, NA),
     (C.check_key_block_fix, fix_unchanged_bug, False, "this is the colleague's loop: rows whose maximum arrives after the first block"),
@@ -675,11 +926,40 @@ CASES = [
     (C.check_key_block_fix, fix_two_sweeps, False, "your loop sweeps the 19 keys twice, with block_size=5: every block's maximum first"),
     (C.check_key_block_fix, fix_two_sweeps, False, "rescales the running sums by exp(m - m_new) (old maximum minus new)"),
     (C.check_key_block_fix, fix_two_sweeps_torch_max, False, "sweeps the 19 keys twice"),
+    (C.check_key_block_fix, fix_two_sweeps_sort, False, "sweeps the 19 keys twice"),
+    (C.check_key_block_fix, fix_two_sweeps_topk, False, "sweeps the 19 keys twice"),
+    (C.check_key_block_fix, fix_two_sweeps_kthvalue, False, "sweeps the 19 keys twice"),
+    (C.check_key_block_fix, fix_two_sweeps_msort, False, "sweeps the 19 keys twice"),
+    (C.check_key_block_fix, fix_two_sweeps_cummax, False, "sweeps the 19 keys twice"),
+    (C.check_key_block_fix, fix_row_max_by_sort, False, "the maximum over all 19 keys at once"),
+    (C.check_key_block_fix, fix_numpy_max_first, False, "keep the loop in PyTorch: your function leaves it (Tensor.numpy())"),
+    (C.check_key_block_fix, fix_asarray_max_first, False, "leaves it (np.asarray / np.array)"),
+    (C.check_key_block_fix, fix_tolist_max_first, False, "leaves it (Tensor.tolist())"),
     (C.check_key_block_fix, fix_block_max, False, "your reference is each block's own maximum, not the running one"),
     (C.check_key_block_fix, fix_block_max, False, "the factor exp(m - m_block) exceeds 1"),
     (C.check_key_block_fix, fix_exp_ratio, False, "exp overflowed: in float32 exp(s) is inf once s > 88"),
     (C.check_key_block_fix, fix_first_block_reference, False, "a number overflowed float32"),
     (C.check_key_block_fix, fix_first_block_reference, False, "inside every exp, exp(s - m_new) and exp(m - m_new)"),
+    # 5.5: the smallest head_dim at which Q @ K^T reaches the balance point
+    (C.check_compute_bound_head_dim, head_dim_ok, True, "205.97 FLOP/byte at head_dim 229, 206.78 at 230"),
+    (C.check_compute_bound_head_dim, head_dim_brute, True, OK),
+    (C.check_compute_bound_head_dim, head_dim_numpy_int, True, OK),
+    (C.check_compute_bound_head_dim, stub, None, NA),
+    (C.check_compute_bound_head_dim, stub_raises, None, NA),
+    *[(C.check_compute_bound_head_dim, fn, False, hint) for fn, hint in HEAD_DIM_MISTAKES.items()],
+    (C.check_compute_bound_head_dim, head_dim_zero, False, "if that is at most the balance it never reaches it"),
+    (C.check_compute_bound_head_dim, head_dim_numpy_no_guard, False, "for T = 300, bytes_per_element = 2, balance = 153.016 you returned -"),
+    (C.check_compute_bound_head_dim, head_dim_no_guard, False, "raised ZeroDivisionError"),
+    (C.check_compute_bound_head_dim, head_dim_no_guard, False, "T = 300, bytes_per_element = 2, balance = 150.0"),
+    (C.check_compute_bound_head_dim, head_dim_no_guard, False, "there T / bytes_per_element = 150 FLOP/byte is equal to the balance"),
+    (C.check_compute_bound_head_dim, head_dim_raises_float32, False, "raised ValueError: only float16 is supported when called with T = 16384, bytes_per_element = 4"),
+    (C.check_compute_bound_head_dim, head_dim_unrounded, False, "head_dim is an integer: the smallest one that reaches the balance, so round up (you returned 229.09"),
+    (C.check_compute_bound_head_dim, head_dim_np_ceil, False, "right values, but head_dim is a count: return an int"),
+    (C.check_compute_bound_head_dim, head_dim_bool, False, "not a comparison's bool"),
+    (C.check_compute_bound_head_dim, head_dim_text, False, "not a string"),
+    (C.check_compute_bound_head_dim, head_dim_always_none, False, "returned None on every case"),
+    (C.check_compute_bound_head_dim, head_dim_plus_one, False, "your head_dim 231 reaches the balance (207.59 FLOP/byte), but it is not the smallest"),
+    (C.check_compute_bound_head_dim, head_dim_minus_one, False, "your head_dim 229 gives an intensity of 205.97 FLOP/byte"),
 ]
 
 
@@ -964,7 +1244,8 @@ def test_key_block_fix_cases_separate_the_bug():
 
 def test_recorder_mode_lets_ordinary_ops_through():
     """The checker's TorchFunctionMode changes nothing for ordinary ops (einsum, where, in-place ops
-    on the learner's own tensors, .item(), numpy, views) and records the refused calls."""
+    on the learner's own tensors, .item(), numpy, views) and records the refused calls; a way out of
+    PyTorch (here x.numpy()) still runs, and is recorded apart from them."""
     gen = torch.Generator().manual_seed(1)
     Q, K, V = (torch.randn(2, 5, 4, generator=gen, dtype=torch.float64) for _ in range(3))
     plain = fix_einsum_where(Q, K, V, 2)
@@ -974,7 +1255,7 @@ def test_recorder_mode_lets_ordinary_ops_through():
         x[0, 1] = 7.0
         x.add_(1).clamp_(max=5)
         assert x.numpy().tolist() == [[1.0, 5.0, 3.0], [4.0, 5.0, 5.0]] and x.sum().item() == 23.0
-    assert torch.equal(plain, recorded) and rec.seen == []
+    assert torch.equal(plain, recorded) and rec.seen == [] and rec.escapes == ["Tensor.numpy()"]
     for fn, name in ((fix_sdpa, "F.scaled_dot_product_attention"), (fix_softmax_method, "a softmax"),
                      (fix_torch_softmax, "a softmax"), (fix_functional_softmax, "a softmax"),
                      (fix_multihead, "nn.MultiheadAttention")):
@@ -1122,16 +1403,18 @@ def test_a_finite_m_for_an_empty_row_loses_a_later_parts_keys():
 
 def test_training_peak_hints_do_not_bisect(capsys):
     """The hints name what is over- or under-counted, never by how much: 4 and 5 get one hint,
-    0, 1, 2, 2.5 and 2.75 another, and neither holds a digit or says 'one too many' / 'too few'."""
+    0, 1 and 2 another, 7 to 63 a third, and none holds a digit or says 'one too many' / 'too few'."""
     def hint(answer):
         result = ex.check_training_peak(answer)
         assert result.passed is False
         return capsys.readouterr().out
 
     over = {hint(x) for x in (PEAK_P_TWICE, 4.0, 5)}
-    under = {hint(x) for x in (0, 1, PEAK_NO_SAVED, 2.5, 2.75)}
-    assert len(over) == 1 and len(under) == 1 and over != under
-    for out in over | under:
+    under = {hint(x) for x in (0, 1, PEAK_NO_SAVED)}
+    far_over = {hint(x) for x in (7, 8, 12, 24, 63)}
+    assert len(over) == 1 and len(under) == 1 and len(far_over) == 1
+    assert len(over | under | far_over) == 3
+    for out in over | under | far_over:
         assert not any(c.isdigit() for c in out) and "too many" not in out and "too few" not in out, out
 
 
@@ -1151,7 +1434,10 @@ def test_recorder_counts_the_blocks_maximised_before_the_first_exp():
     twice); two sweeps take every block's, so the checker can tell them apart by the order of calls."""
     Q, K, V, b, _ = nb05._fix_cases()[0]  # 19 keys in blocks of 5: 4 blocks
     for fn, blocks in ((fix_ok, 1), (fix_notebook_loop, 1), (fix_in_place, 1), (fix_einsum_where, 1),
-                       (fix_first_block_max_up_front, 1), (fix_two_sweeps, 4), (fix_two_sweeps_torch_max, 4)):
+                       (fix_first_block_max_up_front, 1), (fix_topk_one_sweep, 1), (fix_normalise_as_you_go, 1),
+                       (fix_two_sweeps, 4), (fix_two_sweeps_torch_max, 4), (fix_two_sweeps_sort, 4),
+                       (fix_two_sweeps_topk, 4), (fix_two_sweeps_kthvalue, 4), (fix_two_sweeps_msort, 4),
+                       (fix_two_sweeps_cummax, 4)):
         with nb05._Recorder() as rec:
             fn(Q.clone(), K.clone(), V.clone(), b)
         assert rec.exp_seen and len(rec.maxed_before_exp) == blocks, (fn.__name__, rec.maxed_before_exp)
@@ -1175,3 +1461,162 @@ def test_block_max_overflows_in_the_rescaled_sums_not_in_exp():
     assert bool(torch.isinf(l).any()) and bool(((top - m)[torch.isinf(l)] > 88).all())
     assert not torch.isfinite(fix_block_max(Q, K, V, b)).all() and torch.allclose(
         fix_block_max(*(x.double() for x in (Q, K, V)), b), fix_ok(*(x.double() for x in (Q, K, V)), b))
+
+
+def test_training_peak_non_whole_answers_share_one_hint(capsys):
+    """Every non-whole count (below, near and above the bound, the guarded chain's measured 4.25
+    and 4.5 included) gets the same message: count whole score matrices; none gets a hint meant for
+    a whole count. Whole counts far above the bound (7, 12) are told to walk the backward steps, and
+    only counts that look like they grew with T (bytes, elements) hear that the count does not."""
+    outs = set()
+    for answer in PEAK_NOT_WHOLE:
+        result = ex.check_training_peak(answer)
+        outs.add(capsys.readouterr().out)
+        assert result.passed is False
+    assert len(outs) == 1 and "count whole score matrices" in outs.pop()
+    for answer in (7, 12):
+        ex.check_training_peak(answer)
+        out = capsys.readouterr().out
+        assert "does not grow" not in out and "Walk the backward steps" in out, out
+    ex.check_training_peak(4096)
+    assert "does not grow with T" in capsys.readouterr().out
+
+
+def test_timing_plan_and_prediction_wording(capsys):
+    """5.1: the prediction's success points to what it teaches (no 'fix it': there is no fix
+    exercise); only a swapped plan hears about the order; one and two blocks read as words."""
+    ex.check_buggy_timing_prediction(74 / 13)
+    out = capsys.readouterr().out
+    assert "fix it" not in out.lower() and "part (b)" in out, out
+    ex.check_timing_plan((10, 20))  # (20, 10) fails too: not a swap
+    out = capsys.readouterr().out
+    assert "too few calls per block" in out and "order" not in out, out
+    ex.check_timing_plan((2, 100))
+    out = capsys.readouterr().out
+    assert "all 2" not in out and "both of your blocks" in out, out
+
+
+def test_key_block_fix_success_does_not_claim_the_division_is_deferred(capsys):
+    """An accepted fix that keeps its output normalised as it goes hears no 'as here'; and it is
+    right: it equals the one that divides by l after the last block."""
+    gen = torch.Generator().manual_seed(7)
+    Q, K, V = (torch.randn(2, 11, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    assert torch.allclose(fix_normalise_as_you_go(Q, K, V, 3), fix_ok(Q, K, V, 3), atol=1e-12)
+    for answer in (fix_ok, fix_normalise_as_you_go):
+        assert ex.check_key_block_fix(answer).passed is True
+        assert "as here" not in capsys.readouterr().out
+
+
+def test_rows_rule_that_raises_on_one_block_hears_about_that_case(capsys):
+    """A rule built on the later keys' maximum raises when block_size >= T_k (the later slice is
+    empty): the hint names that case and asks which rows are right then, without the rule; the
+    same rule with that case handled (rows_strict) gets the ties hint instead."""
+    with pytest.raises(IndexError):
+        rows_later_max(torch.zeros(2, 3, dtype=torch.float64), 5)
+    for answer in (rows_later_max_strict, rows_later_max, rows_numpy_later_max):
+        ex.check_rows_right(answer)
+        out = capsys.readouterr().out
+        assert "block_size >= T_k" in out and "Which rows are right then?" in out, out
+        assert ">= S.amax" not in out and "first block" not in out, out
+    ex.check_rows_right(rows_strict)
+    assert "ties count as right" in capsys.readouterr().out
+
+
+def _exact_head_dim(T, e, balance):
+    """By brute force in exact arithmetic: the first d whose 2 T^2 d FLOPs over the bytes of Q, K
+    (read) and S (written) reach ``balance``; None when T / e <= balance, since then
+    I(d) = (T / e) * 2d / (2d + T) < T / e <= balance for every d."""
+    balance = Fraction(balance)
+    if Fraction(T, e) <= balance:  # I(d) = (T / e) * 2d / (2d + T) < T / e for every d
+        return None
+    d = 1
+    while Fraction(2 * T * T * d, (2 * T * d + T * T) * e) < balance:
+        d += 1
+    return d
+
+
+def test_head_dim_notebook_case_by_flop_and_byte_counts():
+    """T = 4096, float16 on an H200 (989 TFLOP/s over 4.8 TB/s, exactly): 229 leaves Q @ K^T below
+    the balance, 230 reaches it, counted from FLOPs and bytes; the right answers here agree."""
+    T, e, balance = 4096, 2, Fraction(989 * 10**12, 48 * 10**11)
+    intensity = {d: Fraction(2 * T * T * d, (T * d * e + T * d * e + T * T * e)) for d in (229, 230, 231)}
+    assert intensity[229] < balance <= intensity[230] < intensity[231]
+    assert [f"{float(intensity[d]):.2f}" for d in (229, 230, 231)] == ["205.97", "206.78", "207.59"]
+    for answer in (head_dim_ok, head_dim_brute, nb05._head_dim):
+        assert answer(T, e, H200) == 230
+
+
+def test_head_dim_hidden_cases_are_well_chosen():
+    """The hidden cases: the notebook's first; e in {2, 4}; GPUs A100, H200, T4 and a float32
+    balance; several T; the checker's exact reference equals a brute force in exact arithmetic and
+    the float closed form and float brute force (so float answers are not judged on rounding);
+    every bound is at least 0.05 from a whole number (some below and some above the half, so
+    rounding down and to nearest both differ from rounding up) except one exact integer (where `>`
+    differs); three cases where no head_dim works, one of them with T / e equal to the balance."""
+    cases = nb05._HEAD_DIM_CASES
+    assert cases[0] == (4096, 2, H200)
+    assert {e for _, e, _ in cases} == {2, 4} and len({T for T, _, _ in cases}) >= 4
+    assert {A100, H200, T4} <= {b for _, _, b in cases} and any(b < 10 for _, _, b in cases)
+    fractions, exact_bounds, none_cases = [], 0, []
+    for T, e, b in cases:
+        truth = _exact_head_dim(T, e, b)
+        assert nb05._head_dim(T, e, b) == truth == head_dim_ok(T, e, b) == head_dim_brute(T, e, b), (T, e, b)
+        if truth is None:
+            none_cases.append(Fraction(T) == Fraction(b) * e)
+            continue
+        x = Fraction(b) * e * T / (2 * (T - Fraction(b) * e))
+        frac = x - math.floor(x)
+        if frac == 0:
+            exact_bounds += 1
+            assert Fraction(2 * T * T * x, (2 * T * x + T * T) * e) == Fraction(b)  # I(x) = balance exactly
+        else:
+            assert Fraction(1, 20) <= frac <= Fraction(19, 20), (T, e, b, float(frac))
+            fractions.append(frac)
+    assert exact_bounds == 1 and sorted(none_cases) == [False, False, True]
+    assert any(f < Fraction(1, 2) for f in fractions) and any(f > Fraction(1, 2) for f in fractions)
+
+
+def test_head_dim_mistakes_differ_from_the_truth_and_each_other():
+    """Each typical mistake gives other answers than the truth on the hidden cases, and mistakes
+    with different hints give different answers (so each hint belongs to its mistake)."""
+    cases = nb05._HEAD_DIM_CASES
+    truth = [_exact_head_dim(*c) for c in cases]
+    answers = {fn: [fn(*c) for c in cases] for fn in HEAD_DIM_MISTAKES}
+    for fn, got in answers.items():
+        assert got != truth, fn.__name__
+    fns = list(answers)
+    for i, f in enumerate(fns):
+        for g in fns[:i]:
+            if HEAD_DIM_MISTAKES[f] != HEAD_DIM_MISTAKES[g]:
+                assert answers[f] != answers[g], (f.__name__, g.__name__)
+    # `>` differs from `>=` only at the exact bound, and there by one
+    diff = [(s, t) for s, t in zip(answers[head_dim_strict], truth, strict=True) if s != t]
+    assert diff == [(97, 96)]
+
+
+def test_head_dim_time_out_names_the_case(capsys, monkeypatch):
+    """A brute force with no test for 'no head_dim works' never ends where T / e is below the
+    balance: the time-out message names that case."""
+    from shared.exercises import _core
+
+    def brute_no_guard(T, bytes_per_element, balance):
+        d = 1
+        while 2 * T * T * d < balance * (2 * T * d + T * T) * bytes_per_element:
+            d += 1
+        return d
+
+    monkeypatch.setattr(_core, "TIME_LIMIT_S", 0.3)
+    result = ex.check_compute_bound_head_dim(brute_no_guard)
+    out = capsys.readouterr().out
+    assert result.passed is False and "still running" in out, out
+    assert "(on T = 300, bytes_per_element = 2, balance = 153.016; there T / bytes_per_element = 150" in out, out
+    assert "never reaches the balance" in out, out
+
+
+def test_head_dim_intensity_grows_towards_T_over_e():
+    """I(d) grows with d and stays below T / e (so where T / e <= balance no d reaches it), on
+    every hidden case, counted from FLOPs and bytes."""
+    for T, e, _ in nb05._HEAD_DIM_CASES:
+        values = [Fraction(2 * T * T * d, (2 * T * d + T * T) * e) for d in (1, 2, 64, 128, 10**6, 10**12)]
+        assert values == sorted(set(values)) and values[-1] < Fraction(T, e)
+        assert values[-1] / Fraction(T, e) > 1 - Fraction(1, 10**6)  # within a millionth of T / e

@@ -28,7 +28,7 @@ The exercises, by notebook (the checker names say what they check):
   ``check_attention_parameters``, ``check_gqa_prediction``, ``check_padding_changes``.
 * 05: ``check_buggy_timing_prediction``, ``check_timing_plan``, ``check_merge_partials``,
   ``check_training_peak``, ``check_rows_right``, ``check_catching_test``,
-  ``check_key_block_fix``.
+  ``check_key_block_fix``, ``check_compute_bound_head_dim``.
 * 06: ``check_previous_token_head``, ``check_position_mean_ablation``, ``check_k_composition``,
   ``check_fixed_period_shortcut``, ``check_duplicate_token_bug``.
 * 07: ``check_ntk_prediction``, ``check_ntk_base``, ``check_ntk_outcome``,

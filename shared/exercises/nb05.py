@@ -4,14 +4,16 @@
 (blocks, calls) within a budget of timed calls so that it reports the kernel's time within 2 %
 wherever a neighbour's stretch of slowed kernels falls (``shared.benchmark.SimulatedGPU`` with a
 per-``synchronize()`` host cost; every position simulated, hidden GPUs too); 5.2 merge two
-partial online-softmax states (split-K, as Flash-Decoding does); 5.3 predict naive
-attention's forward + backward peak, in score matrices, with the ``nan_to_num`` guard's backward
-temporaries (the notebook then measures it);
+partial online-softmax states (split-K, as Flash-Decoding does); 5.3 predict the textbook
+attention chain's forward + backward peak, in score matrices (the notebook then measures it, and
+the chain with the ``nan_to_num`` guard, whose backward makes temporaries of its own);
 5.4 find which query rows a key-block loop that never rescales its accumulator still gets right
 (the checker runs the loop to find out), then design the smallest test that catches that bug (one
 query, two keys in blocks of one, a later maximum, a nonzero earlier value; the checker runs its
 own float64 copy of the loop on it), then fix the loop (SDPA and softmax refused, and so are two
-sweeps over the keys: the loop is fixed, not replaced).
+sweeps over the keys, a maximum taken by amax, max, sort, topk and the like, and ways out of
+PyTorch: the loop is fixed, not replaced); 5.5 the smallest head_dim at which S = Q @ K^T reaches
+a device's balance point, or None (exact rational reference; each typical mistake named).
 
 References are computed before the learner's code runs; answers computed in float32 are accepted
 (float32 tolerances); numbers must be numbers (text that reads as one is rejected).
@@ -19,9 +21,11 @@ References are computed before the learner's code runs; answers computed in floa
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import numbers
+from fractions import Fraction
 
 import numpy as np
 import torch
@@ -32,6 +36,7 @@ from ._core import (
     _arr,
     _call,
     _checker,
+    _did_work,
     _NotAttempted,
     _rng,
     _shape,
@@ -47,6 +52,7 @@ __all__ = [
     "check_rows_right",
     "check_catching_test",
     "check_key_block_fix",
+    "check_compute_bound_head_dim",
 ]
 
 ATOL, RTOL = 1e-5, 1e-4  # float32's tolerances: a float32 answer to a float64 question passes
@@ -79,6 +85,11 @@ def _number(ans, what: str) -> float:
 # --------------------------------------------------------------------------------------------
 PLAN_GPU = dict(kernel_s=20e-6, launch_s=5e-6, sync_s=10e-6, first_s=1e-3, stretch=40, slow_x=3.0)
 PLAN_BUDGET, PLAN_TOL = 200, 0.02  # timed calls in all; the report within 2 % of kernel_s
+
+
+def _n(count: int, word: str) -> str:
+    """``"1 call"``, ``"2 calls"``: a count with its noun, singular or plural."""
+    return f"{count} {word}{'' if count == 1 else 's'}"
 
 
 def _fastest_block_s(gpu: SimulatedGPU, blocks: int, calls: int) -> float:
@@ -168,41 +179,50 @@ def check_timing_plan(plan):
     g = PLAN_GPU
     us, fixed = 1e6 * g["kernel_s"], 1e6 * (g["launch_s"] + g["sync_s"])
     if blocks * calls > PLAN_BUDGET:
-        raise _Wrong(f"over budget: {blocks} blocks of {calls} calls time {blocks * calls} calls; "
-                     f"the budget is {PLAN_BUDGET}")
+        raise _Wrong(f"over budget: {_n(blocks, 'block')} of {_n(calls, 'call')} "
+                     f"time{'s' if blocks == 1 else ''} {blocks * calls} calls; the budget is "
+                     f"{PLAN_BUDGET}")
     for k, case in enumerate(_plan_cases()):
         clean, reports = _plan_reports(blocks, calls, **case)
         where = "" if k == 0 else " (on a hidden GPU)"
         if clean > (1 + PLAN_TOL) * case["kernel_s"]:
-            raise _Wrong(f"too few calls per block{where}: a block's one launch and one "
+            swapped = k == 0 and calls < blocks and (
+                _plan_reports(calls, blocks, **case)[0] <= (1 + PLAN_TOL) * g["kernel_s"])
+            order = (f"the order is plan = (blocks, calls): yours times {_n(blocks, 'block')} "
+                     f"of {_n(calls, 'call')}, and that is " if swapped else "")
+            raise _Wrong(f"{order}too few calls per block{where}: a block's one launch and one "
                          f"synchronize() are a fixed {fixed:.0f} µs, {fixed / us:.0%} of a "
-                         f"{us:.0f} µs call, which no kernel hides; over {calls} calls even a "
-                         f"clean block reports {clean / case['kernel_s'] - 1:.2%} too much, "
+                         f"{us:.0f} µs call, which no kernel hides; over {_n(calls, 'call')} even "
+                         f"a clean block reports {clean / case['kernel_s'] - 1:.2%} too much, "
                          f"above {PLAN_TOL:.0%}")
         p, worst = max(reports, key=lambda r: r[1])
         if worst > (1 + PLAN_TOL) * case["kernel_s"]:
-            touched = ("your one block" if blocks == 1
-                       else f"all {blocks} of your blocks of {calls} calls")
+            of = f"of {_n(calls, 'call')}"
+            touched = {1: "your one block", 2: f"both of your blocks {of}"}.get(
+                blocks, f"all {blocks} of your blocks {of}")
             k_slow = case["stretch"]
             raise _Wrong(f"too few blocks{where}: a stretch of {k_slow} slowed kernels starting "
                          f"at timed kernel {p} touches {touched}, and the fastest then reports "
-                         f"{worst / case['kernel_s'] - 1:.0%} too much; how many blocks of "
-                         f"{calls} calls can {k_slow} consecutive kernels touch?")
+                         f"{worst / case['kernel_s'] - 1:.0%} too much; how many blocks {of} "
+                         f"can {k_slow} consecutive kernels touch?")
         if k == 0:
             summary = (clean, worst, len(reports))
     fewest_blocks, fewest_calls = _fewest_plan()
-    if blocks * calls > fewest_blocks * fewest_calls:
-        works = f"({blocks}, {calls}) works, with {blocks * calls} timed calls"
-        if calls == _fewest_calls_per_block():
-            raise _Wrong(works + f"; {calls} is the fewest calls per block, but not the "
-                         f"cheapest plan: with one call more per block, how many blocks can a "
-                         f"stretch of {g['stretch']} kernels touch?")
+    if blocks * calls > fewest_blocks * fewest_calls:  # name every way the plan is too large
+        problems = []
         if blocks > _blocks_needed(calls):
-            raise _Wrong(works + f", but blocks of {calls} calls need fewer than {blocks}: how "
-                         f"many blocks of {calls} calls can {g['stretch']} consecutive kernels "
-                         f"touch?")
-        raise _Wrong(works + "; a plan with fewer calls works: for each number of calls per "
-                     "block from the fewest up, find the fewest blocks, and compare the totals")
+            problems.append(f"blocks of {_n(calls, 'call')} need fewer than {blocks} (how many "
+                            f"blocks of {_n(calls, 'call')} can {g['stretch']} consecutive "
+                            "kernels touch?)")
+        if _blocks_needed(calls) * calls > fewest_blocks * fewest_calls:
+            problems.append(
+                f"{calls} is the fewest calls per block, but not the cheapest plan (with one "
+                f"call more per block, how many blocks can a stretch of {g['stretch']} kernels "
+                "touch?)" if calls == _fewest_calls_per_block() else
+                "a plan with fewer calls works (for each number of calls per block from the "
+                "fewest up, find the fewest blocks, and compare the totals)")
+        raise _Wrong(f"({blocks}, {calls}) works, with {blocks * calls} timed calls, but times "
+                     "more than it needs: " + "; and ".join(problems))
     clean, worst, n = summary
     return (f"({blocks}, {calls}): {blocks * calls} timed calls; a clean block reports "
             f"{1e6 * clean:.2f} µs per call ({clean / g['kernel_s'] - 1:.2%} over {us:.0f} µs), "
@@ -241,8 +261,9 @@ def check_buggy_timing_prediction(buggy_prediction_ms):
 
     if near(got):
         return (f"the loop reports {got:.4f} ms for a 2 ms kernel: its clock starts before the "
-                "warm-up kernels (50 + 2 + 2 ms) have run, and it divides by all 13 calls. "
-                "Now fix it.")
+                "warm-up kernels (50 + 2 + 2 ms) have run, and it divides by all 13 calls. A "
+                "timer must synchronise before its first reading and divide by the calls it "
+                "timed; part (b) also makes it robust to a busy neighbour.")
     if near(got * 1e3, 0.02):
         raise _Wrong("you answered in microseconds: write milliseconds per call")
     if near(got * 1e-3, 0.02):
@@ -460,44 +481,45 @@ def check_training_peak(training_peak_prediction):
     gradient arriving, the saved P, the gradient made). tests/test_exercises_05.py measures 3 with
     the profiler, independently of this checker. The notebook then measures the guarded chain too:
     platform-dependent, 4.25 on a CPU in float32, 4.5 in the H200 record in float16 (the solutions
-    show both)."""
+    show both). Every non-whole answer (those two included) gets one hint: count whole score
+    matrices; whole answers above the bound get a hint by how far above (4 or 5, 6 = every T x T
+    tensor made, up to 63, and 64 or more, an answer that grows with T)."""
     if training_peak_prediction is None:
         raise _NotAttempted("write your prediction in training_peak_prediction (a number of score "
                             "matrices); the measurement is shown once it is filled in")
     pred = _number(training_peak_prediction, "the number of score matrices")
     if pred < 0:
         raise _Wrong("memory is not negative: count the T x T tensors alive together")
-    quarters = 4 * pred
-    if abs(quarters - round(quarters)) > 0.04:
-        raise _Wrong("count whole score matrices: every large tensor here is T x T, and the "
-                     "(B, H, T, d) tensors (Q, K, V, the output and their gradients) are d / T of "
-                     "a score matrix and vanish as T grows")
-    q = round(quarters)
-    if q == 12:
+    if abs(pred - round(pred)) > 1e-6:  # every non-whole answer gets this one message
+        raise _Wrong("count whole score matrices: every large tensor of the textbook chain is a "
+                     "float T x T tensor, one score matrix each, and the (B, H, T, d) tensors "
+                     "(Q, K, V, the output and their gradients) are d / T of a score matrix and "
+                     "vanish as T grows; fractions of a score matrix come from nan_to_num's "
+                     "guard (a bool mask, one byte per entry), which this chain does not have")
+    n = round(pred)
+    if n == 3:
         return ("at the softmax's backward step the gradient arriving (dP), the P saved for that "
                 "step and the gradient it makes (dS) are alive together; the forward never holds "
                 "more than two. Now measure, with the guard and without it.")
-    if q in (17, 18):  # 4.25 measured on a CPU in float32, 4.5 on the H200 in float16
-        raise _Wrong("that counts nan_to_num's guard, whose backward builds temporaries of its "
-                     "own (the extension asks which); this question asks for the textbook chain "
-                     "without it")
-    if q in (16, 20):  # whole matrices above the bound: something on the list is not alive
+    if n < 3:
+        raise _Wrong("your list misses a T x T tensor alive at the worst step: a backward step "
+                     "cannot free the gradient it receives before the one it makes exists, and a "
+                     "tensor saved for that step stays alive meanwhile")
+    if n in (4, 5):  # whole matrices above the bound: something on the list is not alive
         raise _Wrong("your list holds a T x T tensor that is not alive at that moment: a saved "
                      "tensor counted again (P is saved by both the softmax and P @ V, one "
                      "storage), the scores (the softmax's backward needs only its output), or a "
                      "gradient that is freed once the step that received it has made the next")
-    if q == 24:
+    if n == 6:
         raise _Wrong("you added up every T x T tensor the call makes, forward and backward; the "
                      "peak counts only those alive at the same moment")
-    if q < 12:
-        raise _Wrong("your list misses a T x T tensor alive at the worst step: a backward step "
-                     "cannot free the gradient it receives before the one it makes exists, and a "
-                     "tensor saved for that step stays alive meanwhile")
-    if q > 24:
-        raise _Wrong("every large tensor is T x T, so the count in score matrices does not grow "
-                     "with T: at one moment only a few are alive together")
-    raise _Wrong("find the worst step and list the T x T tensors alive during it: what it "
-                 "receives, what is saved for it or a later step, and what it makes")
+    if n < 64:
+        raise _Wrong("more score matrices than are ever alive at one moment: the peak counts the "
+                     "T x T tensors alive together, not all the call makes. Walk the backward "
+                     "steps one by one and list which T x T tensors are alive at each")
+    raise _Wrong("every large tensor is T x T, so the count in score matrices does not grow "
+                 "with T: at one moment only a few are alive together (count score matrices, "
+                 "not elements or bytes)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -616,6 +638,29 @@ _ROWS_HINTS = {
 }
 
 
+def _call_catching(fn, *args, name: str):
+    """``_call(fn, *args)`` -> ``(result, None)``, or ``(None, the exception)`` when learner code
+    raised one (other than NotImplementedError, which still means "not attempted"), so that the
+    checker can explain it for the case that caused it."""
+    caught = []
+
+    @functools.wraps(fn)
+    def guarded(*a, **k):
+        try:
+            return fn(*a, **k)
+        except NotImplementedError:
+            raise
+        except Exception as e:  # noqa: BLE001 - learner code may raise anything
+            caught.append(e)
+            return _RAISED
+
+    out = _call(guarded, *args, name=name)
+    return (None, caught[0]) if out is _RAISED and caught else (out, None)
+
+
+_RAISED = object()  # what ``_call_catching``'s wrapper returns when learner code raised
+
+
 def _bool_rows(ans, expected: tuple, n_keys: int) -> np.ndarray:
     """The learner's rule as a NumPy bool array of the expected shape, or a hint."""
     if isinstance(ans, torch.Tensor):
@@ -644,12 +689,27 @@ def check_rows_right(rows_right):
     colleague's ``attention_by_key_blocks`` (which rescales l but not acc) returns the row of
     ``softmax(S) @ V``. The checker runs its own copy of the loop on hidden score matrices (float64)
     to find those rows: exactly the rows whose maximum over all keys is attained in the first key
-    block (``S[..., :b].amax(-1) >= S.amax(-1)``; ties with a later block count as right)."""
+    block (``S[..., :b].amax(-1) >= S.amax(-1)``; ties with a later block count as right). A rule
+    that raises on the case with block_size >= T_k (a maximum of the empty later keys) is told
+    what that case is, not only the exception."""
     got, truths, cands = [], [], []
     for S, V, b in _rows_cases():
         truth = _rows_truth(S, V, b)
-        ans = _call(rows_right, S, b, name="rows_right",
-                    on_error=f"called with S of shape {tuple(S.shape)} (float64), block_size={b}")
+        T_k = S.shape[-1]
+        if b >= T_k and callable(rows_right):  # one block: a rule built on later keys may raise
+            ans, error = _call_catching(rows_right, S, b, name="rows_right")
+            if error is not None:
+                said = str(error).strip().splitlines()[0][:70] if str(error).strip() else ""
+                said = f" ({said})" if said else ""
+                raise _Wrong(f"your rule raised {type(error).__name__}{said} when block_size >= "
+                             f"T_k (S of shape {tuple(S.shape)}, block_size = {b}, T_k = {T_k}): "
+                             "then one block holds every key and there are no later keys "
+                             f"(S[..., {b}:] is empty, and an empty slice has no maximum). "
+                             "Which rows are right then? Make your rule give them")
+        else:
+            ans = _call(rows_right, S, b, name="rows_right",
+                        on_error=f"called with S of shape {tuple(S.shape)} (float64), "
+                                 f"block_size={b}")
         got.append(_bool_rows(ans, tuple(S.shape[:-1]), S.shape[-1]))
         truths.append(truth)
         cands.append(_rows_candidates(S, b))
@@ -670,8 +730,9 @@ def check_rows_right(rows_right):
     S, _, b = _rows_cases()[i]
     wrong = int((got[i] != truths[i]).sum())
     raise _Wrong(f"for S of shape {tuple(S.shape)} with block_size = {b}, {wrong} of "
-                 f"{truths[i].size} rows are marked wrongly. When does m grow after the first "
-                 "block, and what does the loop then fail to rescale?")
+                 f"{truths[i].size} rows {'is' if wrong == 1 else 'are'} marked wrongly. When "
+                 "does m grow after the first block, and what does the loop then fail to "
+                 "rescale?")
 
 
 # (b) the smallest test that catches the bug ------------------------------------------------------
@@ -759,10 +820,11 @@ def check_catching_test(catching_test):
     if err <= CATCH_TOL:
         stale = _stale_keys(S, b)
         if b >= T_k:
+            yours = ("your one key is one block whatever block_size is" if T_k == 1 else
+                     f"block_size = {b} makes your T_k = {T_k} keys one block too")
             raise _Wrong(f"one block: every maximum is in it, as in your colleague's test (T = 50 "
                          f"keys, block_size = 64), so m never grows after the first block; "
-                         f"block_size = {b} makes your T_k = {T_k} keys one block too: the keys "
-                         "must span several blocks")
+                         f"{yours}: the keys must span several blocks")
         if not stale.any():
             raise _Wrong("m never grows after the first block, so the missing rescale multiplies "
                          "by 1: put a row's largest score in a later block")
@@ -796,36 +858,67 @@ _FORBIDDEN = {"scaled_dot_product_attention": "F.scaled_dot_product_attention",
               "multi_head_attention_forward": "nn.MultiheadAttention"}
 
 
+# Ops that take a maximum over a dimension, or sort along it (its last entry is the maximum):
+# name -> (position of the dim argument after the tensor, its default; None = every dim)
+_MAX_OPS = {"amax": (1, None), "max": (1, None), "argmax": (1, None), "sort": (1, -1),
+            "argsort": (1, -1), "msort": (None, 0), "topk": (2, -1), "kthvalue": (2, -1),
+            "cummax": (1, None)}
+# Ways out of PyTorch (the checker cannot follow what is computed after them)
+_ESCAPES = {"numpy": "Tensor.numpy()", "__array__": "np.asarray / np.array",
+            "tolist": "Tensor.tolist()"}
+
+
 class _Recorder(torch.overrides.TorchFunctionMode):
-    """Records which of the _FORBIDDEN functions learner code calls, the widths that exp and
-    maxima over the last dimension were taken over, and which blocks' maxima were taken before
-    the first exp; every call goes through."""
+    """Records which of the _FORBIDDEN functions learner code calls, which ways out of PyTorch it
+    takes (_ESCAPES), the widths that exp and maxima over the keys were taken over, and which
+    blocks' maxima were taken before the first exp; every call goes through.
+
+    A maximum over the keys is any _MAX_OPS op over the last dimension (amax, max, argmax, sort,
+    argsort, topk, kthvalue, cummax; with no dim, every dimension), or msort, which sorts along
+    dimension 0 (a transposed block's keys)."""
 
     def __init__(self):
         super().__init__()
         self.seen: list[str] = []
+        self.escapes: list[str] = []  # the _ESCAPES taken, in order
         self.exp_widths: set[int] = set()  # last-dimension sizes exp was taken over
-        self.max_widths: set[int] = set()  # last-dimension sizes a maximum reduced (amax / max)
+        self.max_widths: set[int] = set()  # sizes of the key dimension a maximum was taken over
         self.exp_seen = False  # whether any exp has run yet
         self.maxed_before_exp: set[tuple] = set()  # the blocks maximised before it (fingerprints)
+
+    def _keys_dim(self, name, t, args, kwargs):
+        """The size of the dimension ``name`` takes a maximum over when it is the keys'
+        (the last one, or dim 0 for msort), else None."""
+        at, default = _MAX_OPS[name]
+        if at is None:
+            return t.shape[0]
+        kwargs = kwargs or {}
+        dim = kwargs.get("dim", args[at] if len(args) > at else default)
+        if isinstance(dim, torch.Tensor) or "other" in kwargs:
+            return None  # torch.max(a, b): an element-wise maximum
+        dims = dim if isinstance(dim, (tuple, list)) else (dim,)
+        if any(k is None or (isinstance(k, int) and k % t.dim() == t.dim() - 1) for k in dims):
+            return t.shape[-1]
+        return None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", "")
         if name in _FORBIDDEN and _FORBIDDEN[name] not in self.seen:
             self.seen.append(_FORBIDDEN[name])
+        if name in _ESCAPES and _ESCAPES[name] not in self.escapes:
+            self.escapes.append(_ESCAPES[name])
         if name in ("exp", "exp_"):
             self.exp_seen = True
             if args and isinstance(args[0], torch.Tensor) and args[0].dim():
                 self.exp_widths.add(args[0].shape[-1])
-        if name in ("amax", "max") and args and isinstance(args[0], torch.Tensor) and args[0].dim():
-            t, dim = args[0], (kwargs or {}).get("dim", args[1] if len(args) > 1 else None)
-            dims = dim if isinstance(dim, (tuple, list)) else (dim,)
-            if not isinstance(dim, torch.Tensor) and any(
-                    k is None or k % t.dim() == t.dim() - 1 for k in dims):  # over the keys
-                self.max_widths.add(t.shape[-1])
+        if name in _MAX_OPS and args and isinstance(args[0], torch.Tensor) and args[0].dim():
+            t = args[0]
+            width = self._keys_dim(name, t, args, kwargs)
+            if width is not None:  # over the keys
+                self.max_widths.add(width)
                 if not self.exp_seen:  # the mode is off in here: these calls are not recorded
                     x = torch.nan_to_num(t.detach().double(), posinf=0.0, neginf=0.0)
-                    self.maxed_before_exp.add((tuple(t.shape), x.sum().item(),
+                    self.maxed_before_exp.add((tuple(sorted(t.shape)), x.sum().item(),
                                                x.square().sum().item()))
         return func(*args, **(kwargs or {}))
 
@@ -930,7 +1023,10 @@ def check_key_block_fix(fn):
     left unchanged; SDPA, softmax and nn.MultiheadAttention are refused (fix the loop, do not
     replace it), and so are two sweeps over the keys: a maximum over all keys at once, an exp over
     all keys at once, or (with T_k > 2 block_size) the maxima of two or more different key blocks
-    taken before the first exp (every block's maximum first, then the sums). Each block's own
+    taken before the first exp (every block's maximum first, then the sums; a maximum by amax,
+    max, argmax, sort, argsort, msort, topk, kthvalue or cummax). Tensor.numpy, np.asarray and
+    Tensor.tolist inside the fix are refused too: the checker cannot follow what is computed
+    outside PyTorch. Each block's own
     maximum as the reference (no running maximum) is right in float64 and overflows in the float32
     case; its hint names the growing rescale factor, not exp(s)."""
     got, refs, cases = [], [], _fix_cases()
@@ -945,6 +1041,12 @@ def check_key_block_fix(fn):
             raise _Wrong(f"fix the loop, do not replace it: your function calls "
                          f"{' and '.join(rec.seen)}. Keep the colleague's block loop and add "
                          "the missing rescale")
+        if rec.escapes:
+            raise _Wrong(f"keep the loop in PyTorch: your function leaves it ("
+                         f"{' and '.join(rec.escapes)}), and the checker cannot follow what is "
+                         "computed outside (it refuses a sweep over all the keys before the "
+                         "loop). Fix the colleague's torch loop where it is: add the missing "
+                         "rescale")
         T_k = K.shape[-2]
         if T_k > b and T_k in rec.max_widths:
             raise _Wrong(f"your function takes the maximum over all {T_k} keys at once, with "
@@ -983,7 +1085,7 @@ def check_key_block_fix(fn):
     if all(close(g, r, c[0].dtype) for g, r, c in zip(got, refs, cases, strict=True)):
         return ("one rescale of l and acc by exp(m - m_new) per block: FlashAttention's inner "
                 "loop. FlashAttention-2 also defers the division by l to after the last block, "
-                "as here.")
+                "one division per row instead of one per block.")
     for how, hint in _FIX_HINTS.items():
         hint = hint or _FIX_HINTS["inverted"]
         expected = [_wrong_key_blocks(*c[:4], how) for c in cases]
@@ -1007,3 +1109,180 @@ def check_key_block_fix(fn):
     raise _Wrong(f"for Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)}, block_size="
                  f"{b} ({what}) the output is off by up to {err:.3g}: when m grows, what "
                  "must happen to l and to acc?")
+
+
+# --------------------------------------------------------------------------------------------
+# 5.5 When does S = Q @ K^T become compute-bound? The smallest head_dim at the balance point
+# --------------------------------------------------------------------------------------------
+H200_F16 = 989e12 / 4.8e12  # section 5's roofline table: float16 dense products / HBM3e bytes
+A100_F16, A100_F32, T4_F16 = 312e12 / 2039e9, 19.5e12 / 2039e9, 65e12 / 320e9
+
+# (T, bytes_per_element, balance): the notebook's case first (T = 4096, float16 on an H200), then
+# hidden ones: float16 and float32, several GPUs and T. Each bound x = b e T / (2 (T - b e)) is at
+# least 0.07 from a whole number, except at (384, 2, 64.0), where it is exactly 96 (so `>` is
+# refused); no head_dim works at (300, 2, A100_F16), (300, 4, A100_F16) and (300, 2, 150.0), the
+# last with T / e equal to the balance.
+_HEAD_DIM_CASES = ((4096, 2, H200_F16), (1024, 2, A100_F16), (16384, 2, A100_F16),
+                   (16384, 4, A100_F32), (300, 4, A100_F32), (4096, 4, H200_F16),
+                   (1024, 2, T4_F16), (16384, 4, T4_F16), (1024, 4, T4_F16),
+                   (300, 2, A100_F16), (300, 4, A100_F16), (384, 2, 64.0), (300, 2, 150.0))
+
+
+def _intensity(T: int, e: int, d: int) -> Fraction:
+    """Q @ K^T's arithmetic intensity, exactly: 2 T^2 d FLOPs over the bytes of Q and K read
+    (T x d each) and S written (T x T), ``e`` bytes per element."""
+    return Fraction(2 * T * T * d, (2 * T * d + T * T) * e)
+
+
+def _head_dim(T: int, e: int, balance: float, flops_per_mac: int = 2, reads: bool = True,
+              write: bool = True, rounding: str = "up"):
+    """The smallest head_dim ``d >= 1`` with intensity >= ``balance`` in exact arithmetic, or
+    None; the keywords give typical mistakes (1 FLOP per multiply-add, the reads of Q and K or the
+    write of S left out, the bound rounded down / to nearest, ``>`` for ``>=``).
+    f T^2 d >= b e (2 r T d + w T^2)  <=>  d (f T^2 - 2 r b e T) >= w b e T^2."""
+    be = Fraction(balance) * e
+    A = flops_per_mac * T * T - 2 * reads * be * T
+    B = write * be * T * T
+    if A < 0 or (A == 0 and B > 0):
+        return None  # the intensity stays below the balance for every d
+    if A == 0:
+        return 1
+    x = B / A
+    d = {"up": math.ceil(x), "down": math.floor(x), "nearest": round(x),
+         "strict": math.floor(x) + 1}[rounding]
+    return max(d, 1) if rounding in ("up", "strict") else d
+
+
+_HEAD_DIM_MISTAKES = (
+    (dict(write=False),
+     "you left out the write of S: the kernel writes its T x T result, T^2 * bytes_per_element "
+     "bytes, besides reading Q and K. Count its bytes too"),
+    (dict(reads=False),
+     "you left out the reads of Q and K (T x d each): your head_dim depends on the balance and "
+     "bytes_per_element only, not on T. The kernel reads both, besides writing S"),
+    (dict(flops_per_mac=1),
+     "count 2 FLOPs per multiply-add: each of the T^2 entries of S is a dot product of length d, "
+     "d multiplications and d additions"),
+    (dict(rounding="down"),
+     "off by one where the bound is fractional: head_dim is an integer, the smallest one at or "
+     "above the bound, so round up (rounding down or to the nearest leaves the intensity just "
+     "below the balance)"),
+    (dict(rounding="nearest"), None),  # the same hint as rounding down
+    (dict(e=2),
+     "you used 2 bytes per element whatever bytes_per_element is: the float32 cases (4 bytes) "
+     "move twice the bytes. Use bytes_per_element"),
+    (dict(e=4),
+     "you used 4 bytes per element whatever bytes_per_element is: the float16 cases (2 bytes) "
+     "move half the bytes. Use bytes_per_element"),
+    (dict(rounding="strict"),
+     "compute-bound means an intensity of at least the balance point (>=): where the bound is "
+     "an exact integer, that head_dim itself reaches the balance, and your answer is one more"),
+)
+
+
+def _head_dim_answer(ans, case: str):
+    """A learner's head_dim as an int, a float (judged later) or None; text, bools and other
+    types are refused at once."""
+    if isinstance(ans, torch.Tensor) and ans.numel() == 1:
+        ans = ans.item()
+    if isinstance(ans, np.generic):
+        ans = ans.item()
+    if ans is None:
+        return None
+    if isinstance(ans, str):
+        raise _Wrong(f"you returned the text {ans!r:.30} for {case}: return head_dim as an int "
+                     "(or None), not a string")
+    if isinstance(ans, bool):
+        raise _Wrong(f"you returned {ans} for {case}: return head_dim as an int, the smallest "
+                     "one that reaches the balance (or None), not a comparison's bool")
+    if isinstance(ans, numbers.Integral):
+        return int(ans)
+    if isinstance(ans, numbers.Real):
+        return float(ans)
+    raise _Wrong(f"return head_dim as an int (or None when no head_dim works); got "
+                 f"{type(ans).__name__} for {case}")
+
+
+@_checker
+def check_compute_bound_head_dim(compute_bound_head_dim):
+    """``compute_bound_head_dim(T, bytes_per_element, balance)`` -> the smallest int head_dim d
+    for which S = Q @ K^T (Q, K (T, d) read, S (T, T) written, ``bytes_per_element`` bytes each;
+    2 T^2 d FLOPs) has an arithmetic intensity of at least ``balance`` FLOP/byte, or None when no
+    d does. I(d) = 2 T^2 d / ((2 T d + T^2) e) grows with d towards T / e, so: None when
+    T <= balance * e, else ceil(balance e T / (2 (T - balance e))). Hidden cases against exact
+    rational arithmetic; Python and NumPy ints pass, floats (even whole ones), bools and text do
+    not; each typical mistake (:data:`_HEAD_DIM_MISTAKES`, a number where no head_dim works) is
+    recognised from the answers on all the cases."""
+    answers = []
+    for T, e, balance in _HEAD_DIM_CASES:
+        case = f"T = {T}, bytes_per_element = {e}, balance = {balance:.6g}"
+        none_case = T <= Fraction(balance) * e
+        why = (f"there T / bytes_per_element = {T / e:g} FLOP/byte is "
+               f"{'equal to' if T == Fraction(balance) * e else 'below'} the balance: the "
+               "intensity grows with head_dim towards T / bytes_per_element and never reaches "
+               "the balance" if none_case else "")
+        try:
+            ans = _call(compute_bound_head_dim, T, e, balance, name="compute_bound_head_dim",
+                        none_ok=True, on_error=why)
+        except _Wrong as w:  # a time-out's message does not name the case: add it
+            text = w.args[0]
+            if " when called with " not in text:
+                text += f" (on {case}{'; ' + why if why else ''})"
+            raise _Wrong(text) from None
+        answers.append(_head_dim_answer(ans, case))
+    if all(a is None for a in answers):
+        if not _did_work(compute_bound_head_dim):
+            raise _NotAttempted("compute_bound_head_dim still returns None: replace the TODO "
+                                "with your code and run the cell again")
+        raise _Wrong("your function returned None on every case, also where T / "
+                     "bytes_per_element is far above the balance: did you forget the `return` "
+                     "line, or is your test for 'no head_dim works' the wrong way round?")
+    refs = [_head_dim(*c) for c in _HEAD_DIM_CASES]
+    if answers == refs:  # 230 == 230.0: floats with the right values land here too
+        floats = [a for a in answers if isinstance(a, float)]
+        if floats:
+            raise _Wrong(f"right values, but head_dim is a count: return an int (you returned "
+                         f"{floats[0]!r}; np.ceil and np.floor return floats, math.ceil an int)")
+        T, e, balance = _HEAD_DIM_CASES[0]
+        d = refs[0]
+        return (f"T = {T} in float16 on an H200 (balance {balance:.1f} FLOP/byte): "
+                f"{float(_intensity(T, e, d - 1)):.2f} FLOP/byte at head_dim {d - 1}, "
+                f"{float(_intensity(T, e, d)):.2f} at {d}. The intensity grows with head_dim "
+                f"towards T / bytes_per_element; where that is at most the balance, no head_dim "
+                "reaches it.")
+    for kw, hint in _HEAD_DIM_MISTAKES:
+        hint = hint or _HEAD_DIM_MISTAKES[3][1]
+        wrong = [_head_dim(T, kw.get("e", e), b, **{k: v for k, v in kw.items() if k != "e"})
+                 for T, e, b in _HEAD_DIM_CASES]
+        if wrong != refs and answers == wrong:
+            raise _Wrong(hint)
+    for (T, e, balance), a, r in zip(_HEAD_DIM_CASES, answers, refs, strict=True):
+        if r is None and a is not None:
+            raise _Wrong(f"for T = {T}, bytes_per_element = {e}, balance = {balance:.6g} you "
+                         f"returned {a!r}, but no head_dim works there: the intensity grows "
+                         "with head_dim towards T / bytes_per_element, and if that is at most "
+                         "the balance it never reaches it. Return None in that case")
+    for (T, e, balance), a in zip(_HEAD_DIM_CASES, answers, strict=True):
+        if isinstance(a, float) and math.isfinite(a) and a != int(a):
+            raise _Wrong(f"head_dim is an integer: the smallest one that reaches the balance, so "
+                         f"round up (you returned {a:g} for T = {T}, bytes_per_element = {e}, "
+                         f"balance = {balance:.6g})")
+    k = next(i for i, (a, r) in enumerate(zip(answers, refs, strict=True)) if a != r)
+    (T, e, balance), a = _HEAD_DIM_CASES[k], answers[k]
+    case = f"T = {T}, bytes_per_element = {e}, balance = {balance:.6g}"
+    if a is None:
+        raise _Wrong(f"you returned None for {case}, but there T / bytes_per_element = "
+                     f"{T / e:g} FLOP/byte is above the balance: the intensity grows with "
+                     "head_dim towards that, so some head_dim reaches the balance")
+    if not math.isfinite(a) or a < 1 or a != int(a):
+        raise _Wrong(f"you returned {a!r} for {case}: head_dim is a whole number, at least 1")
+    d = int(a)
+    if _intensity(T, e, d) < Fraction(balance):
+        raise _Wrong(f"for {case} your head_dim {d} gives an intensity of "
+                     f"{float(_intensity(T, e, d)):.2f} FLOP/byte (2 T^2 d FLOPs over the bytes "
+                     "of Q and K read and S written), below the balance: still memory-bound. "
+                     "Count the FLOPs and the bytes again")
+    raise _Wrong(f"for {case} your head_dim {d} reaches the balance "
+                 f"({float(_intensity(T, e, d)):.2f} FLOP/byte), but it is not the smallest that "
+                 "does: a smaller one reaches it too. Compare the intensity with the balance by "
+                 ">= and take the smallest whole head_dim that passes")

@@ -37,6 +37,7 @@ __all__ = [
     "best_times_ms",
     "timing_ways_ms",
     "minor_page_faults",
+    "keep_freed_memory",
     "new_tensors_of_shape",
     "sdpa_backend_calls",
     "attention_flops",
@@ -243,6 +244,30 @@ def timing_ways_ms(fn: Callable[[], object], device="cpu", rounds: int = 2,
         for way, measure in ways.items():
             best[way] = min(best[way], measure())
     return {way: 1e3 * seconds for way, seconds in best.items()}
+
+
+def keep_freed_memory() -> bool:
+    """Ask the C library's allocator to keep freed blocks of up to 32 MiB for reuse instead of
+    handing them back to the operating system, as PyTorch's GPU caching allocator does. By default
+    glibc returns large freed blocks, so a function that allocates large tensors on every call
+    (naive attention's T x T buffers) page-faults fresh memory on each call, and how many faults
+    depends on what earlier calls left behind. Afterwards such a call reuses pages it has already
+    touched. Affects this process only; returns True where it took effect (Linux with glibc) and
+    False elsewhere (macOS, Windows, musl), where nothing changes."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc
+        return False
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's <malloc.h>
+    heap_blocks = mallopt(M_MMAP_THRESHOLD, 32 * 2**20)  # blocks up to 32 MiB from the heap
+    keep_freed = mallopt(M_TRIM_THRESHOLD, 2**30)  # return freed heap only beyond 1 GiB
+    return bool(heap_blocks and keep_freed)
 
 
 def minor_page_faults(fn: Callable[[], object], calls: int = 3) -> float | None:

@@ -482,8 +482,9 @@ def check_training_peak(training_peak_prediction):
     the profiler, independently of this checker. The notebook then measures the guarded chain too:
     platform-dependent, 4.25 on a CPU in float32, 4.5 in the H200 record in float16 (the solutions
     show both). Every non-whole answer (those two included) gets one hint: count whole score
-    matrices; whole answers above the bound get a hint by how far above (4 or 5, 6 = every T x T
-    tensor made, up to 63, and 64 or more, an answer that grows with T)."""
+    matrices; every whole answer from 0 to 5 one hint that names the rules, not the direction;
+    6 (every T x T tensor made), up to 63, and 64 or more (an answer that grows with T) their
+    own."""
     if training_peak_prediction is None:
         raise _NotAttempted("write your prediction in training_peak_prediction (a number of score "
                             "matrices); the measurement is shown once it is filled in")
@@ -494,22 +495,17 @@ def check_training_peak(training_peak_prediction):
         raise _Wrong("count whole score matrices: every large tensor of the textbook chain is a "
                      "float T x T tensor, one score matrix each, and the (B, H, T, d) tensors "
                      "(Q, K, V, the output and their gradients) are d / T of a score matrix and "
-                     "vanish as T grows; fractions of a score matrix come from nan_to_num's "
-                     "guard (a bool mask, one byte per entry), which this chain does not have")
+                     "vanish as T grows")
     n = round(pred)
     if n == 3:
         return ("at the softmax's backward step the gradient arriving (dP), the P saved for that "
                 "step and the gradient it makes (dS) are alive together; the forward never holds "
                 "more than two. Now measure, with the guard and without it.")
-    if n < 3:
-        raise _Wrong("your list misses a T x T tensor alive at the worst step: a backward step "
-                     "cannot free the gradient it receives before the one it makes exists, and a "
-                     "tensor saved for that step stays alive meanwhile")
-    if n in (4, 5):  # whole matrices above the bound: something on the list is not alive
-        raise _Wrong("your list holds a T x T tensor that is not alive at that moment: a saved "
-                     "tensor counted again (P is saved by both the softmax and P @ V, one "
-                     "storage), the scores (the softmax's backward needs only its output), or a "
-                     "gradient that is freed once the step that received it has made the next")
+    if n < 6:  # one hint below and above the bound: it names the rules, not the direction
+        raise _Wrong("not the peak. Walk the backward steps one at a time and, at each, list the "
+                     "T x T tensors alive: a gradient lives until the step that received it has "
+                     "made the next, a saved tensor until the step that needs it has run, and one "
+                     "storage saved twice counts once. The peak is the longest list")
     if n == 6:
         raise _Wrong("you added up every T x T tensor the call makes, forward and backward; the "
                      "peak counts only those alive at the same moment")
@@ -858,11 +854,12 @@ _FORBIDDEN = {"scaled_dot_product_attention": "F.scaled_dot_product_attention",
               "multi_head_attention_forward": "nn.MultiheadAttention"}
 
 
-# Ops that take a maximum over a dimension, or sort along it (its last entry is the maximum):
+# Ops that take a maximum over a dimension, or sort along it (its last entry is the maximum), or
+# logsumexp (a maximum and a sum in one):
 # name -> (position of the dim argument after the tensor, its default; None = every dim)
 _MAX_OPS = {"amax": (1, None), "max": (1, None), "argmax": (1, None), "sort": (1, -1),
             "argsort": (1, -1), "msort": (None, 0), "topk": (2, -1), "kthvalue": (2, -1),
-            "cummax": (1, None)}
+            "cummax": (1, None), "logsumexp": (1, None)}
 # Ways out of PyTorch (the checker cannot follow what is computed after them)
 _ESCAPES = {"numpy": "Tensor.numpy()", "__array__": "np.asarray / np.array",
             "tolist": "Tensor.tolist()"}
